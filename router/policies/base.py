@@ -1,0 +1,66 @@
+"""The one contract every routing policy implements.
+
+A policy is a pure decision: it sees plain, immutable values (never an aiohttp request, a clock,
+a socket or Redis) and returns which candidate should serve the request and why.  Side effects
+(prefix-index inserts, counters, shared state) happen after the decision, in one place, in the
+caller.  The same policy code therefore runs in the gateway, in unit tests and in the offline
+fleet simulator in virtual time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["Decision", "Policy", "ReplicaView", "RoutingRequest"]
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingRequest:
+    """What a policy may know about one request; computed once, at the edge."""
+
+    model: str
+    # Chained hashes of the routing key's fixed-size blocks (see router.prefix); empty when the
+    # request has no prompt to route on (e.g. embeddings).
+    block_hashes: tuple[int, ...] = ()
+    # Length of the prompt in the units the blocks are cut from (characters, or tokens when a
+    # tokenizer is configured) and an estimate of its length in model tokens.
+    prompt_units: int = 0
+    prompt_tokens: int = 0
+    # Units per block, so a policy can turn matched blocks into matched tokens.
+    block_units: int = 64
+    session_key: str | None = None
+    priority: str = "interactive"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    """An immutable snapshot of one healthy candidate replica, taken just before the decision."""
+
+    replica_id: str
+    in_flight: int = 0  # requests this router has sent and not yet seen finish
+    running: int = 0  # scraped vllm:num_requests_running
+    waiting: int = 0  # scraped vllm:num_requests_waiting
+    kv_usage: float = 0.0  # scraped vllm:kv_cache_usage_perc, 0..1
+    capacity_blocks: int | None = None  # KV capacity in the index's block units, when known
+    matched_blocks: int = 0  # leading blocks of this request the replica is believed to hold
+    # Prompt tokens this router has sent to the replica that are still being prefilled
+    # (uncached part only); lets cost-based policies predict queueing for prefill.
+    pending_prefill_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The chosen replica and why (the reason is a metric label: keep it a small fixed set)."""
+
+    replica_id: str
+    reason: str
+
+
+class Policy(Protocol):
+    """A routing policy.  `choose` must not mutate its arguments; `candidates` is never empty."""
+
+    name: str
+
+    def choose(self, request: RoutingRequest, candidates: Sequence[ReplicaView]) -> Decision: ...
