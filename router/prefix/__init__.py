@@ -1,0 +1,13 @@
+"""Prompt prefixes: routing keys and block hashes, the prefix index, and exact mode (KV events).
+
+- `router.prefix.keys`: request body → chained block hashes (`routing_key_hashes`).
+- `router.prefix.index`: `PrefixIndex`, one pygtrie trie per model, per-replica LRU capacity.
+- `router.prefix.units`: `KeyUnits`, vLLM capacity in index blocks, blocks ↔ tokens.
+- `router.prefix.kv_events`: exact mode, the ZMQ consumer of vLLM KV events.
+"""
+
+from router.prefix.index import IndexSettings, IndexStats, PrefixIndex
+from router.prefix.keys import routing_key_hashes
+from router.prefix.units import KeyUnits
+
+__all__ = ["IndexSettings", "IndexStats", "KeyUnits", "PrefixIndex", "routing_key_hashes"]

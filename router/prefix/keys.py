@@ -1,0 +1,197 @@
+"""The routing key of a request and its chained block hashes.
+
+The routing key is what the prefix index matches on: the chat messages rendered canonically (tools
+first, then role and content of each message in order, so a conversation's later turns extend the
+key of its earlier ones), the completions prompt text, or a prompt given as token ids used as is.
+The key is cut into fixed blocks (`block_units` characters, or tokens in token mode) and only full
+blocks are hashed, like vLLM's prefix cache.  Block *i*'s hash is xxhash64 of its bytes seeded with
+block *i-1*'s hash, the first seeded by the model name and `cache_salt`; so one hash names a whole
+prefix, and equal hashes at position *i* mean equal prompts up to the end of block *i*.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final, Literal, Protocol
+
+import orjson
+import xxhash
+
+__all__ = [
+    "DEFAULT_BLOCK_UNITS",
+    "Endpoint",
+    "Tokenizer",
+    "chain_seed",
+    "hash_text_blocks",
+    "hash_token_blocks",
+    "render_chat",
+    "routing_key",
+    "routing_key_hashes",
+]
+
+DEFAULT_BLOCK_UNITS: Final = 64
+
+Endpoint = Literal["completions", "chat"]
+
+_xxh64 = xxhash.xxh64_intdigest
+# Token ids are hashed as little-endian signed 64-bit integers: wide enough for any vocabulary and
+# for ids a client might send out of range (the replica rejects those; we only must not crash).
+_TOKEN_TYPECODE: Final = "q"
+_TOKEN_BYTES: Final = 8
+
+
+class Tokenizer(Protocol):
+    """What token mode needs of a tokenizer (e.g. a `tokenizers.Tokenizer` wrapper)."""
+
+    def encode(self, text: str) -> Sequence[int]: ...
+
+
+def chain_seed(model: str, cache_salt: str | None = None) -> int:
+    """The seed of a model's hash chain: requests with different salts never share blocks."""
+    return _xxh64(f"{model}\x00{cache_salt or ''}".encode())
+
+
+def hash_text_blocks(text: str, seed: int, block_chars: int = DEFAULT_BLOCK_UNITS) -> list[int]:
+    """Chained hashes of the full `block_chars`-character blocks of `text`."""
+    n_full = len(text) // block_chars
+    out: list[int] = []
+    append = out.append
+    h = seed
+    if text.isascii():
+        # One encode, then byte slices: characters and bytes coincide for ASCII (the common case).
+        data = text.encode()
+        for start in range(0, n_full * block_chars, block_chars):
+            h = _xxh64(data[start : start + block_chars], h)
+            append(h)
+    else:
+        for start in range(0, n_full * block_chars, block_chars):
+            h = _xxh64(text[start : start + block_chars].encode(), h)
+            append(h)
+    return out
+
+
+def hash_token_blocks(tokens: Sequence[int], seed: int, block_tokens: int) -> list[int]:
+    """Chained hashes of the full `block_tokens`-token blocks of `tokens`, starting from `seed`.
+
+    `seed` is the chain seed for a prompt's first block, or the hash of the block before the first
+    one given (how KV events extend a cached parent block).
+    """
+    n_full = len(tokens) // block_tokens
+    if n_full == 0:
+        return []
+    data = array(_TOKEN_TYPECODE, tokens[: n_full * block_tokens]).tobytes()
+    step = block_tokens * _TOKEN_BYTES
+    out: list[int] = []
+    append = out.append
+    h = seed
+    for start in range(0, n_full * step, step):
+        h = _xxh64(data[start : start + step], h)
+        append(h)
+    return out
+
+
+def _part_text(part: Any) -> str:
+    if isinstance(part, str):
+        return part
+    if isinstance(part, Mapping):
+        kind = part.get("type")
+        if kind == "text" or "text" in part:
+            text = part.get("text")
+            return text if isinstance(text, str) else ""
+        # Images, audio, files: their reference distinguishes prompts that differ only there.
+        for field in ("image_url", "input_audio", "file", "video_url"):
+            if field in part:
+                return (
+                    f"<{field}:{orjson.dumps(part[field], option=orjson.OPT_SORT_KEYS).decode()}>"
+                )
+    return ""
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Iterable):
+        return "".join(_part_text(part) for part in content)
+    return str(content)
+
+
+def _canonical_json(value: Any) -> str:
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:  # not JSON-serialisable (cannot come from a parsed body); still stable
+        return repr(value)
+
+
+def render_chat(messages: Any, tools: Any = None) -> str:
+    """Render chat messages (and tools) canonically; a prefix of messages renders to a prefix.
+
+    Tools come first because chat templates put them in the system part of the prompt; each
+    message is `<|role|>content` plus its tool calls, so turn *n+1* extends turn *n*'s key.
+    """
+    pieces: list[str] = []
+    if tools:
+        pieces.append(f"<|tools|>{_canonical_json(tools)}\n")
+    if isinstance(messages, Iterable) and not isinstance(messages, str | bytes | Mapping):
+        for message in messages:
+            if not isinstance(message, Mapping):
+                continue
+            role = message.get("role", "")
+            name = message.get("name")
+            head = f"<|{role}|>" if not name else f"<|{role}:{name}|>"
+            pieces.append(head)
+            pieces.append(_content_text(message.get("content")))
+            tool_calls = message.get("tool_calls")
+            if tool_calls:
+                pieces.append(f"<|tool_calls|>{_canonical_json(tool_calls)}")
+            pieces.append("\n")
+    return "".join(pieces)
+
+
+def routing_key(endpoint: str, body: Mapping[str, Any]) -> str | list[int]:
+    """The routing key of a request body: text, or token ids when the prompt is given as ids.
+
+    Batched completions prompts (a list of prompts) are keyed by their first prompt.
+    """
+    if endpoint == "chat":
+        return render_chat(body.get("messages"), body.get("tools"))
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt:
+        first = prompt[0]
+        if isinstance(first, int) and not isinstance(first, bool):
+            return [t for t in prompt if isinstance(t, int)]
+        if isinstance(first, str):
+            return first
+        if isinstance(first, list):
+            return [t for t in first if isinstance(t, int)]
+    return ""
+
+
+def routing_key_hashes(
+    endpoint: str,
+    body: Mapping[str, Any],
+    model: str,
+    block_units: int = DEFAULT_BLOCK_UNITS,
+    *,
+    tokenizer: Tokenizer | None = None,
+) -> tuple[tuple[int, ...], int]:
+    """(chained block hashes, prompt length in units) of one request, computed once at the edge.
+
+    Units are characters, or tokens when `tokenizer` is given (token mode: text keys are
+    tokenized locally and `block_units` should be the replicas' `block_size`) or when the prompt
+    is already a list of token ids.  Only full blocks are hashed.
+    """
+    if block_units <= 0:
+        raise ValueError(f"block_units must be positive, got {block_units}")
+    salt = body.get("cache_salt")
+    seed = chain_seed(model, salt if isinstance(salt, str) else None)
+    key = routing_key(endpoint, body)
+    if isinstance(key, str):
+        if tokenizer is None:
+            return tuple(hash_text_blocks(key, seed, block_units)), len(key)
+        key = list(tokenizer.encode(key))
+    return tuple(hash_token_blocks(key, seed, block_units)), len(key)
