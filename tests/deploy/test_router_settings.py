@@ -1,0 +1,62 @@
+"""The router settings the deploy files pass (compose `environment:`, pod `env:`) are settings the
+router has, with values it accepts: a misspelt FLEET_ROUTER_* variable is silently ignored by the
+router, so only a test catches it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from router.config import ENV_PREFIX, RouterConfig, load_config
+from tests.deploy.manifests import COMPOSE_FILE, compose_interpolate, k8s_documents, load_yaml
+
+# Settings the deploy files already pass for work that has not landed yet. Strict xfail: once the
+# setting exists the test passes, pytest reports XPASS as a failure, and the entry must go.
+PENDING = {"FLEET_ROUTER_REDIS_URL": "issue 5: the Redis state backend (--redis-url)"}
+
+
+def _router_envs() -> dict[str, dict[str, str]]:
+    """Router environment per deploy file / workload."""
+    out: dict[str, dict[str, str]] = {}
+    services = compose_interpolate(load_yaml(COMPOSE_FILE))["services"]
+    for name, svc in services.items():
+        if svc.get("command", [""])[0] == "fleet-router":
+            out[f"compose:{name}"] = {k: str(v) for k, v in svc["environment"].items()}
+    for path, doc in k8s_documents():
+        if doc["kind"] != "Deployment":
+            continue
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            if c.get("command", [""])[0] == "fleet-router":
+                env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+                out[f"{path.name}:{doc['metadata']['name']}"] = env
+    return out
+
+
+ENVS = _router_envs()
+VARIABLES = sorted({k for env in ENVS.values() for k in env if k.startswith(ENV_PREFIX)})
+
+
+def _case(name: str) -> Any:
+    if name in PENDING:
+        return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=PENDING[name]))
+    return name
+
+
+def test_deploy_files_configure_routers() -> None:
+    assert any(k.startswith("compose:") for k in ENVS)
+    assert any(not k.startswith("compose:") for k in ENVS)
+
+
+@pytest.mark.parametrize("variable", [_case(v) for v in VARIABLES])
+def test_variable_is_a_router_setting(variable: str) -> None:
+    assert variable[len(ENV_PREFIX) :].lower() in RouterConfig.__dataclass_fields__
+
+
+@pytest.mark.parametrize("where", sorted(ENVS))
+def test_router_accepts_the_values(where: str) -> None:
+    env = {k: v for k, v in ENVS[where].items() if k not in PENDING}
+    cfg = load_config([], env=env)
+    assert cfg.port == 8080
+    assert len(cfg.replica_specs) == 4
+    assert cfg.embedded_sim_replicas == 0
