@@ -27,6 +27,7 @@ __all__ = [
     "ERROR_CAUSES",
     "REPLICA_HEADER",
     "RequestRecord",
+    "StreamAccumulator",
     "StreamingClient",
     "build_payload",
 ]
@@ -187,44 +188,61 @@ class StreamingClient:
         return record
 
     async def _read_stream(self, response: aiohttp.ClientResponse, record: RequestRecord) -> None:
-        parts: list[str] = []
-        done = False
+        stream = StreamAccumulator(record)
         async for raw in response.content:
-            now = time.perf_counter()
-            line = raw.strip()
-            if not line.startswith(b"data:"):
-                continue  # blank separators, SSE comments (": ping"), event names
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                done = True
-                continue
-            try:
-                event = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                record.error, record.error_detail = (
-                    "stream_error",
-                    data[:200].decode(errors="replace"),
-                )
+            if not stream.feed(raw, time.perf_counter()):
                 break
-            if not isinstance(event, dict):
-                continue
-            if "error" in event:
-                record.error, record.error_detail = "stream_error", str(event["error"])[:500]
-                break
-            choices = event.get("choices") or []
-            if choices and isinstance(choices[0], Mapping):
-                text = _chunk_text(choices[0])
-                if text:
-                    record.chunk_s.append(now)
-                    parts.append(text)
-            usage = event.get("usage")
-            if isinstance(usage, Mapping):
-                _read_usage(usage, record)
-        record.end_s = time.perf_counter()
-        record.text = "".join(parts)
+        stream.finish(time.perf_counter())
+
+
+class StreamAccumulator:
+    """Folds the lines of one SSE stream into a :class:`RequestRecord` (pure: no I/O, no clock)."""
+
+    def __init__(self, record: RequestRecord) -> None:
+        self._record = record
+        self._parts: list[str] = []
+        self._done = False
+
+    def feed(self, raw: bytes, now_s: float) -> bool:
+        """Take one line that arrived at ``now_s``; False once the stream has failed."""
+        record = self._record
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            return True  # blank separators, SSE comments (": ping"), event names
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            self._done = True
+            return True
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            record.error = "stream_error"
+            record.error_detail = data[:200].decode(errors="replace")
+            return False
+        if not isinstance(event, dict):
+            return True
+        if "error" in event:
+            record.error, record.error_detail = "stream_error", str(event["error"])[:500]
+            return False
+        choices = event.get("choices") or []
+        if choices and isinstance(choices[0], Mapping):
+            text = _chunk_text(choices[0])
+            if text:
+                record.chunk_s.append(now_s)
+                self._parts.append(text)
+        usage = event.get("usage")
+        if isinstance(usage, Mapping):
+            _read_usage(usage, record)
+        return True
+
+    def finish(self, now_s: float) -> None:
+        """The stream ended at ``now_s``: set the end time, the text and any failure."""
+        record = self._record
+        record.end_s = now_s
+        record.text = "".join(self._parts)
         if record.error is not None:
             return
-        if not done:
+        if not self._done:
             record.error = "incomplete_stream"
         elif not record.chunk_s:
             record.error = "no_content"
