@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import orjson
@@ -133,5 +134,5 @@ def test_make_trace_writes_a_replayable_file(
     assert cli.main(argv) == 0
     lines = [orjson.loads(line) for line in out.read_bytes().splitlines()]
     assert len(lines) == 12 and lines[0]["timestamp"] == 0.0
-    assert all(a["timestamp"] <= b["timestamp"] for a, b in zip(lines, lines[1:], strict=False))
+    assert all(a["timestamp"] <= b["timestamp"] for a, b in itertools.pairwise(lines))
     assert {line["max_tokens"] for line in lines} == {128}
