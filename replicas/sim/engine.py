@@ -334,12 +334,30 @@ class Engine:
 
     def check_invariants(self) -> None:
         """Assert the KV pool's and the scheduler's invariants (tests; O(num_blocks))."""
-        self._pool.check()
-        held = sum(len(r.blocks) for r in self._running.values())
-        assert self._pool.num_used <= held, (self._pool.num_used, held)
+        pool = self._pool
+        pool.check()
+        held: set[int] = set()
+        refs: dict[int, int] = {}
+        d = self._decode_steps
+        ctx = 0
+        for r in self._running.values():
+            held.update(r.blocks)
+            for b in r.blocks:
+                refs[b] = refs.get(b, 0) + 1
+            computed = r.num_computed + (d - r.d0 if r.state == _DECODE else 0)
+            assert len(r.blocks) * self._bs >= computed, (r.request_id, len(r.blocks), computed)
+            if r.state == _DECODE:
+                ctx += computed + 1
+                assert r.num_generated + d - r.d0 < r.target
+        assert pool.num_used == len(held), (pool.num_used, len(held))
+        assert all(pool.ref[b] == n for b, n in refs.items())
+        assert self._dec_ctx_base + len(self._decoders) * d == ctx
         assert len(self._running) <= self.config.max_num_seqs
         assert self._num_waiting == sum(1 for r in self._waiting if r.state == _WAITING)
         assert set(self._decoders) | set(self._prefilling) == set(self._running)
+        assert not set(self._decoders) & set(self._prefilling)
+        active = set(self._running) | {r.request_id for r in self._waiting if r.state == _WAITING}
+        assert active == set(self._requests)
 
     # --- one step -------------------------------------------------------------------------------
     def _run_step(self, materialize: bool) -> StepSummary:
