@@ -19,6 +19,7 @@ __all__ = [
     "DASHBOARD_FILE",
     "DOCKERFILE",
     "K8S_DIR",
+    "K8S_GPU_DIR",
     "PROMETHEUS_FILE",
     "REPO",
     "RULES_FILE",
@@ -27,6 +28,7 @@ __all__ = [
     "compose_interpolate",
     "dashboard_queries",
     "k8s_documents",
+    "kustomization_files",
     "load_yaml",
     "metric_names",
     "rule_expressions",
@@ -38,6 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
 K8S_DIR = REPO / "deploy" / "k8s"
+K8S_GPU_DIR = K8S_DIR / "gpu"
 PROMETHEUS_FILE = REPO / "deploy" / "prometheus" / "prometheus.yml"
 RULES_FILE = REPO / "deploy" / "prometheus" / "rules.yml"
 DASHBOARD_FILE = REPO / "deploy" / "grafana" / "dashboards" / "fleet-router.json"
@@ -69,11 +72,25 @@ def compose_interpolate(value: Any, env: dict[str, str] | None = None) -> Any:
     return value
 
 
-def k8s_documents() -> Iterator[tuple[Path, dict[str, Any]]]:
-    """Every Kubernetes object under deploy/k8s (the kustomization itself excluded)."""
-    for path in sorted(K8S_DIR.glob("*.yaml")):
-        if path.name == "kustomization.yaml":
-            continue
+def kustomization_files(root: Path = K8S_DIR) -> tuple[list[Path], list[Path]]:
+    """(resource files, patch files) a kustomization pulls in, following directory resources."""
+    kustomization = load_yaml(root / "kustomization.yaml")
+    resources: list[Path] = []
+    patches = [root / p["path"] for p in kustomization.get("patches", [])]
+    for entry in kustomization.get("resources", []):
+        path = (root / entry).resolve()
+        if path.is_dir():
+            sub_resources, sub_patches = kustomization_files(path)
+            resources += sub_resources
+            patches += sub_patches
+        else:
+            resources.append(path)
+    return resources, patches
+
+
+def k8s_documents(root: Path = K8S_DIR) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """Every Kubernetes object of a kustomization (deploy/k8s by default), unpatched."""
+    for path in kustomization_files(root)[0]:
         for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
             if doc is not None:
                 yield path, doc

@@ -1,8 +1,10 @@
 """deploy/k8s: every object validates against the Kubernetes schemas (offline, strict), and the
-objects fit together (selectors, named ports, probes, Redis URL, GPU resources, non-root)."""
+objects fit together: selectors, named ports, probes, the Redis URL, GPUs, non-root, and the
+router's replica list naming exactly the pods of the replica StatefulSet."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -10,20 +12,70 @@ from urllib.parse import urlsplit
 import kubernetes_validate
 import pytest
 
-from tests.deploy.manifests import K8S_DIR, k8s_documents, load_yaml
+from router.config import load_config
+from tests.deploy.manifests import (
+    K8S_DIR,
+    K8S_GPU_DIR,
+    k8s_documents,
+    kustomization_files,
+    load_yaml,
+)
 
 # The oldest and newest Kubernetes minor versions we claim to support.
 K8S_VERSIONS = ("1.29.0", "1.33.0")
+WORKLOADS = ("Deployment", "StatefulSet")
 
-DOCS = list(k8s_documents())
-
-
-def _objects(kind: str) -> dict[str, dict[str, Any]]:
-    return {d["metadata"]["name"]: d for _, d in DOCS if d["kind"] == kind}
+ALL_DOCS = list(k8s_documents(K8S_GPU_DIR))  # the gpu overlay pulls in the base too
 
 
-def _container(deployment: dict[str, Any]) -> dict[str, Any]:
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+def _key(doc: dict[str, Any]) -> tuple[str, str]:
+    return doc["kind"], doc["metadata"]["name"]
+
+
+def _merge(base: Any, patch: Any) -> Any:
+    """The strategic-merge subset our patches use: maps merge, lists of named maps merge by name."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for k, v in patch.items():
+            out[k] = _merge(base[k], v) if k in base else v
+        return out
+    if isinstance(base, list) and isinstance(patch, list) and all("name" in p for p in patch):
+        out_list = [copy.deepcopy(b) for b in base]
+        names = [b.get("name") for b in base]
+        for p in patch:
+            if p["name"] in names:
+                i = names.index(p["name"])
+                out_list[i] = _merge(out_list[i], p)
+            else:
+                out_list.append(p)
+        return out_list
+    return patch
+
+
+def _render(root: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """The objects of a kustomization with its patches applied."""
+    objects = {_key(d): d for _, d in k8s_documents(root)}
+    for patch_file in kustomization_files(root)[1]:
+        patch = load_yaml(patch_file)
+        assert _key(patch) in objects, f"{patch_file.name} patches nothing"
+        objects[_key(patch)] = _merge(objects[_key(patch)], patch)
+    return objects
+
+
+BASE = _render(K8S_DIR)
+GPU = _render(K8S_GPU_DIR)
+
+
+def _of(objects: dict[tuple[str, str], dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {name: d for (k, name), d in objects.items() if k == kind}
+
+
+def _workloads(objects: dict[tuple[str, str], dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {name: d for (k, name), d in objects.items() if k in WORKLOADS}
+
+
+def _container(workload: dict[str, Any]) -> dict[str, Any]:
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
     return container  # type: ignore[no-any-return]
 
 
@@ -33,7 +85,9 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize(
-    ("path", "doc"), DOCS, ids=[f"{p.name}:{d['kind']}/{d['metadata']['name']}" for p, d in DOCS]
+    ("path", "doc"),
+    ALL_DOCS,
+    ids=[f"{p.name}:{d['kind']}/{d['metadata']['name']}" for p, d in ALL_DOCS],
 )
 def test_object_validates_against_kubernetes_schema(
     path: Path, doc: dict[str, Any], version: str
@@ -42,37 +96,49 @@ def test_object_validates_against_kubernetes_schema(
     kubernetes_validate.validate(doc, version, strict=True)
 
 
-def test_kustomization_lists_every_manifest() -> None:
-    kustomization = load_yaml(K8S_DIR / "kustomization.yaml")
-    assert kustomization["kind"] == "Kustomization"
-    listed = set(kustomization["resources"])
-    on_disk = {p.name for p in K8S_DIR.glob("*.yaml")} - {"kustomization.yaml"}
-    assert listed == on_disk
-    images = {i["name"] for i in kustomization["images"]}
-    used = {_container(d)["image"].split(":")[0] for d in _objects("Deployment").values()}
-    assert images <= used
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("overlay", ["base", "gpu"])
+def test_patched_objects_still_validate(overlay: str, version: str) -> None:
+    for obj in (BASE if overlay == "base" else GPU).values():
+        kubernetes_validate.validate(obj, version, strict=True)
 
 
-def test_every_service_selects_a_workload_and_targets_named_ports() -> None:
-    deployments = _objects("Deployment")
-    for name, service in _objects("Service").items():
+@pytest.mark.parametrize("root", [K8S_DIR, K8S_GPU_DIR], ids=["base", "gpu"])
+def test_kustomization_uses_every_file_in_its_folder(root: Path) -> None:
+    resources, patches = kustomization_files(root)
+    on_disk = {p.resolve() for p in root.glob("*.yaml")} - {root / "kustomization.yaml"}
+    assert on_disk <= set(resources) | set(patches)
+    kustomization = load_yaml(root / "kustomization.yaml")
+    used = {_container(d)["image"].split(":")[0] for d in _workloads(_render(root)).values()}
+    assert {i["name"] for i in kustomization.get("images", [])} <= used
+
+
+@pytest.mark.parametrize("objects", [BASE, GPU], ids=["base", "gpu"])
+def test_services_select_one_workload_and_target_named_ports(
+    objects: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    workloads = _workloads(objects)
+    for name, service in _of(objects, "Service").items():
         selector = service["spec"]["selector"]
         matches = [
-            d
-            for d in deployments.values()
-            if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+            w
+            for w in workloads.values()
+            if selector.items() <= w["spec"]["template"]["metadata"]["labels"].items()
         ]
-        assert len(matches) == 1, f"service {name} selects {len(matches)} deployments"
+        assert len(matches) == 1, f"service {name} selects {len(matches)} workloads"
         port_names = {p["name"] for p in _container(matches[0])["ports"]}
         for port in service["spec"]["ports"]:
             assert port["targetPort"] in port_names, f"service {name}: {port['targetPort']}"
 
 
-def test_deployments_select_their_own_pods_and_probe_named_ports() -> None:
-    for name, deployment in _objects("Deployment").items():
-        labels = deployment["spec"]["template"]["metadata"]["labels"]
-        assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items(), name
-        container = _container(deployment)
+@pytest.mark.parametrize("objects", [BASE, GPU], ids=["base", "gpu"])
+def test_workloads_select_their_pods_probe_named_ports_and_set_resources(
+    objects: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    for name, workload in _workloads(objects).items():
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        assert workload["spec"]["selector"]["matchLabels"].items() <= labels.items(), name
+        container = _container(workload)
         port_names = {p["name"] for p in container["ports"]}
         assert "readinessProbe" in container and "livenessProbe" in container, name
         for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
@@ -84,7 +150,7 @@ def test_deployments_select_their_own_pods_and_probe_named_ports() -> None:
 
 
 def test_router_deployment() -> None:
-    router = _objects("Deployment")["fleet-router"]
+    router = _of(BASE, "Deployment")["fleet-router"]
     assert router["spec"]["replicas"] >= 2
     pod = router["spec"]["template"]["spec"]
     container = _container(router)
@@ -98,16 +164,40 @@ def test_router_deployment() -> None:
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     # The Redis URL names the Redis Service and its port.
     url = urlsplit(_env(container)["FLEET_ROUTER_REDIS_URL"])
-    redis = _objects("Service")[url.hostname or ""]
+    redis = _of(BASE, "Service")[url.hostname or ""]
     assert url.port in {p["port"] for p in redis["spec"]["ports"]}
-    # The router Service reaches the router's port; a PDB keeps one instance up during drains.
-    service = _objects("Service")["fleet-router"]
+    service = _of(BASE, "Service")["fleet-router"]
     assert service["spec"]["ports"][0]["targetPort"] == "http"
-    assert _objects("PodDisruptionBudget")["fleet-router"]["spec"]["minAvailable"] >= 1
+    assert _of(BASE, "PodDisruptionBudget")["fleet-router"]["spec"]["minAvailable"] >= 1
 
 
-def test_vllm_deployment_has_a_gpu_and_exposes_kv_events() -> None:
-    vllm = _objects("Deployment")["vllm"]
+@pytest.mark.parametrize(
+    ("objects", "replica_set"), [(BASE, "sim-replica"), (GPU, "vllm")], ids=["base", "gpu"]
+)
+def test_router_lists_exactly_the_pods_of_the_replica_statefulset(
+    objects: dict[tuple[str, str], dict[str, Any]], replica_set: str
+) -> None:
+    """Without DNS discovery in the router, its replica list names each pod's stable DNS name."""
+    sets = _of(objects, "StatefulSet")
+    running = {name for name, s in sets.items() if s["spec"]["replicas"] > 0}
+    assert running == {replica_set}
+    sts = sets[replica_set]
+    service = _of(objects, "Service")[sts["spec"]["serviceName"]]
+    assert service["spec"]["clusterIP"] == "None"
+    http_port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "http")
+    expected = {
+        f"{replica_set}-{i}.{service['metadata']['name']}" for i in range(sts["spec"]["replicas"])
+    }
+    router = _container(_of(objects, "Deployment")["fleet-router"])
+    env = {k: v for k, v in _env(router).items() if k != "FLEET_ROUTER_REDIS_URL"}
+    specs = load_config([], env=env).replica_specs
+    assert {urlsplit(s.url).hostname for s in specs} == expected
+    assert {urlsplit(s.url).port for s in specs} == {http_port}
+    assert {s.replica_id for s in specs} == {h.split(".")[0] for h in expected}
+
+
+def test_vllm_has_a_gpu_and_exposes_kv_events() -> None:
+    vllm = _of(GPU, "StatefulSet")["vllm"]
     container = _container(vllm)
     assert container["resources"]["limits"]["nvidia.com/gpu"] >= 1
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -119,7 +209,7 @@ def test_vllm_deployment_has_a_gpu_and_exposes_kv_events() -> None:
 
 @pytest.mark.parametrize("name", ["vllm", "sim-replica"])
 def test_replicas_have_headless_services_with_http_and_kv_events(name: str) -> None:
-    service = _objects("Service")[name]
+    service = _of(GPU, "Service")[name]
     assert service["spec"]["clusterIP"] == "None"
     assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {
         "http": 8000,
@@ -127,11 +217,12 @@ def test_replicas_have_headless_services_with_http_and_kv_events(name: str) -> N
     }
 
 
-def test_sim_replica_runs_our_image_as_non_root() -> None:
-    sim = _objects("Deployment")["sim-replica"]
+def test_sim_replica_runs_our_image_as_non_root_listening_beyond_loopback() -> None:
+    sim = _of(BASE, "StatefulSet")["sim-replica"]
     container = _container(sim)
     assert container["command"] == ["fleet-replica"]
     args = container["args"]
+    assert args[args.index("--host") + 1] == "0.0.0.0"
     assert args[args.index("--port") + 1] == "8000"
     assert args[args.index("--kv-events-endpoint") + 1] == "tcp://*:5557"
     security = sim["spec"]["template"]["spec"]["securityContext"]

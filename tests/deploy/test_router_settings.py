@@ -24,7 +24,7 @@ def _router_envs() -> dict[str, dict[str, str]]:
         if svc.get("command", [""])[0] == "fleet-router":
             out[f"compose:{name}"] = {k: str(v) for k, v in svc["environment"].items()}
     for path, doc in k8s_documents():
-        if doc["kind"] != "Deployment":
+        if doc["kind"] not in ("Deployment", "StatefulSet"):
             continue
         for c in doc["spec"]["template"]["spec"]["containers"]:
             if c.get("command", [""])[0] == "fleet-router":

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tests.deploy.manifests import (
     COMPOSE_FILE,
+    K8S_GPU_DIR,
     REPO,
     compose_interpolate,
     k8s_documents,
@@ -73,8 +74,8 @@ def test_k8s_vllm_deployment_uses_the_serve_sh_flags(tmp_path: Path) -> None:
     expected = vllm_serve_argv(tmp_path)
     containers = [
         c
-        for _, doc in k8s_documents()
-        if doc["kind"] == "Deployment"
+        for _, doc in k8s_documents(K8S_GPU_DIR)
+        if doc["kind"] in ("Deployment", "StatefulSet")
         for c in doc["spec"]["template"]["spec"]["containers"]
         if c["image"].startswith("vllm/vllm-openai")
     ]
