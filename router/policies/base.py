@@ -32,6 +32,9 @@ class RoutingRequest:
     block_units: int = 64
     session_key: str | None = None
     priority: str = "interactive"
+    # Every replica that serves the model, up or not (sorted).  A policy that must stay stable
+    # across health flaps (the session policy's hash ring) builds on this; empty = candidates.
+    members: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,5 @@
+"""`python -m router` is `fleet-router`."""
+
+from router.cli import main
+
+raise SystemExit(main())

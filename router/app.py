@@ -1,0 +1,259 @@
+"""Assemble one gateway: `create_app(config)` and `running_gateway(config)`.
+
+Every resource is paired with its teardown in an aiohttp cleanup context, in this order
+(torn down in reverse): embedded sim replicas → HTTP client sessions and the proxy → the first
+health round → background loops (health checks, metrics scraping).  No state lives in module
+globals: each app carries its own fleet, metrics registry and sessions under typed `AppKey`s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from router.config import ReplicaSpec, RouterConfig
+from router.core import RoutingCore
+from router.fleet.circuit import CircuitBreaker
+from router.fleet.health import HealthChecker
+from router.fleet.registry import Fleet
+from router.fleet.scraper import MetricsScraper
+from router.http.admin import add_admin_routes
+from router.http.appstate import STATE, GatewayState
+from router.http.errors import error_middleware
+from router.http.openai import add_openai_routes
+from router.http.ops import add_ops_routes
+from router.metrics import RouterMetrics
+from router.policies import POLICIES, PolicySettings, make_policy
+from router.prefix.units import KeyUnits
+from router.proxy.forward import Proxy
+from router.proxy.retry import ExponentialBackoff, RetryPolicy, Timeouts
+
+__all__ = ["STATE", "Gateway", "GatewayState", "create_app", "running_gateway"]
+
+log = logging.getLogger("router")
+
+
+@dataclass(frozen=True, slots=True)
+class Gateway:
+    """A running gateway (from `running_gateway`)."""
+
+    url: str
+    app: web.Application
+    state: GatewayState
+
+    @property
+    def fleet(self) -> Fleet:
+        return self.state.fleet
+
+
+def create_app(config: RouterConfig) -> web.Application:
+    """A gateway application for `config` (start it with any aiohttp runner)."""
+    metrics = RouterMetrics(CollectorRegistry(auto_describe=True))
+    fleet = Fleet(
+        metrics=metrics,
+        circuit_factory=lambda: CircuitBreaker(
+            config.circuit_failure_threshold, config.circuit_open_s, config.circuit_half_open_trials
+        ),
+    )
+    spec = POLICIES.get(config.policy)
+    policy = make_policy(
+        config.policy,
+        PolicySettings(
+            seed=config.seed, block_units=config.block_units, options=config.policy_options
+        ),
+    )
+    core = RoutingCore(
+        fleet=fleet,
+        policy=policy,
+        metrics=metrics,
+        uses_prefix=spec.uses_prefix if spec is not None else True,
+        units=KeyUnits(block_units=config.block_units),
+        retry_after_s=config.retry_after_s,
+    )
+    fleet.observers.append(core)
+    for replica_spec in config.replica_specs:
+        fleet.add(replica_spec, source="static")
+
+    app = web.Application(
+        client_max_size=config.max_body_bytes,
+        middlewares=[error_middleware],
+        # Cancel a handler when its client disconnects, so the upstream request is closed and
+        # the replica aborts it (whatever runner serves this app).
+        handler_args={"handler_cancellation": True},
+    )
+    app[STATE] = GatewayState(config=config, metrics=metrics, fleet=fleet, core=core)
+    app.cleanup_ctx.append(_embedded_sims)
+    app.cleanup_ctx.append(_client_sessions)
+    app.cleanup_ctx.append(_background_loops)
+    app.on_shutdown.append(_start_draining)
+    add_openai_routes(app)
+    add_ops_routes(app)
+    if config.admin_token is not None:
+        add_admin_routes(app)
+    return app
+
+
+async def _embedded_sims(app: web.Application) -> AsyncIterator[None]:
+    """The zero-configuration default: N simulated replicas in this process."""
+    state = app[STATE]
+    count = state.config.embedded_sim_replicas
+    if count:
+        from replicas.sim import SimSettings, start_replica  # only the embedded default needs it
+
+        cfg = state.config
+        base = SimSettings(port=0, time_scale=cfg.sim_time_scale)
+        if cfg.sim_model:
+            base = base.replace(model=cfg.sim_model)
+        for i in range(count):
+            settings = base.replace(seed=i)
+            sim = await start_replica(settings)
+            state.sims.append(sim)
+            state.fleet.add(ReplicaSpec(replica_id=sim.url, url=sim.url), source="sim")
+        log.info(
+            "no replica configured: started %d simulated replicas in-process (model %s, "
+            "time_scale %g): %s",
+            count,
+            base.model,
+            cfg.sim_time_scale,
+            ", ".join(s.url for s in state.sims),
+        )
+    try:
+        yield
+    finally:
+        for sim in reversed(state.sims):
+            await sim.stop()
+        state.sims.clear()
+
+
+async def _client_sessions(app: web.Application) -> AsyncIterator[None]:
+    """The proxy's pooled session (sized for thousands of concurrent streams) and a small,
+    separate one for health checks and scrapes, so probes never queue behind traffic."""
+    state = app[STATE]
+    cfg = state.config
+    proxy_session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(
+            limit=cfg.max_connections,
+            limit_per_host=cfg.max_connections_per_replica,
+            ttl_dns_cache=300,
+        ),
+        # Bytes pass through untouched: never decompress, never ask for compression ourselves.
+        auto_decompress=False,
+        skip_auto_headers=("Accept-Encoding",),
+        timeout=aiohttp.ClientTimeout(total=None),
+    )
+    control_session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=64, ttl_dns_cache=300),
+        timeout=aiohttp.ClientTimeout(total=max(cfg.health_timeout_s, cfg.scrape_timeout_s)),
+    )
+    state.proxy = Proxy(
+        core=state.core,
+        session=proxy_session,
+        timeouts=Timeouts(
+            connect_s=cfg.connect_timeout_s,
+            first_byte_s=cfg.first_byte_timeout_s,
+            idle_s=cfg.idle_timeout_s,
+            total_s=cfg.total_timeout_s,
+        ),
+        retry=RetryPolicy(
+            max_retries=cfg.max_retries,
+            backoff=ExponentialBackoff(
+                cfg.retry_backoff_base_s, cfg.retry_backoff_max_s, random.Random(cfg.seed)
+            ),
+        ),
+        metrics=state.metrics,
+    )
+    state.health = HealthChecker(
+        state.fleet,
+        control_session,
+        timeout_s=cfg.health_timeout_s,
+        discovery_interval_s=cfg.discovery_interval_s,
+    )
+    if cfg.scrape_interval_s > 0:
+        state.scraper = MetricsScraper(
+            state.fleet,
+            control_session,
+            timeout_s=cfg.scrape_timeout_s,
+        )
+    try:
+        yield
+    finally:
+        await proxy_session.close()
+        await control_session.close()
+        state.proxy = state.health = state.scraper = None
+
+
+async def _background_loops(app: web.Application) -> AsyncIterator[None]:
+    """Probe every replica once before serving (so a healthy fleet is ready at once), then run
+    the health-check and scrape loops until the app stops."""
+    state = app[STATE]
+    cfg = state.config
+    assert state.health is not None
+    health = state.health
+    await health.check_all()
+    up = sum(1 for r in state.fleet if r.up)
+    log.info("fleet: %d of %d replicas up; models: %s", up, len(state.fleet),
+             ", ".join(sorted(state.fleet.models())) or "none yet")  # fmt: skip
+    loops: list[tuple[str, Callable[[], Awaitable[None]], float]] = [
+        ("health", health.check_all, cfg.health_interval_s)
+    ]
+    if state.scraper is not None:
+        await state.scraper.scrape_all()
+        loops.append(("scrape", state.scraper.scrape_all, cfg.scrape_interval_s))
+    tasks = [
+        asyncio.create_task(_every(interval, tick, name), name=f"fleet-router-{name}")
+        for name, tick, interval in loops
+    ]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _every(interval_s: float, tick: Callable[[], Awaitable[None]], name: str) -> None:
+    """Run `tick` every `interval_s`; one failed round is logged, never fatal to the loop."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await tick()
+        except Exception:
+            log.exception("background %s round failed", name)
+
+
+async def _start_draining(app: web.Application) -> None:
+    # The listening socket is already closed; /ready says 503 to whoever still asks.
+    app[STATE].draining = True
+    log.info(
+        "shutting down: draining in-flight requests (up to %gs)", app[STATE].config.drain_timeout_s
+    )
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(
+    config: RouterConfig, host: str = "127.0.0.1", port: int = 0
+) -> AsyncIterator[Gateway]:
+    """Run a gateway for `config` on `host:port` (0 = a free port) until the block exits; on exit
+    it stops accepting and lets in-flight requests finish for up to `config.drain_timeout_s`."""
+    app = create_app(config)
+    runner = web.AppRunner(
+        app,
+        shutdown_timeout=config.drain_timeout_s,
+        access_log=logging.getLogger("router.access") if config.access_log else None,
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, backlog=4096)
+        await site.start()
+        bound_port = runner.addresses[0][1]
+        yield Gateway(url=f"http://{host}:{bound_port}", app=app, state=app[STATE])
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,125 @@
+"""The one error hierarchy of the router.
+
+Every error the router raises on purpose derives from `RouterError`; `router.http.errors` turns
+any of them into an OpenAI-style JSON body in one function.  The tree::
+
+    RouterError                      500  internal_error
+    ├── ConfigError                  (startup only: bad flags, env or YAML; never an HTTP answer)
+    ├── BadRequest                   400  invalid_request_error
+    │   └── PayloadTooLarge          413
+    ├── Unauthorized                 401  authentication_error
+    ├── NotFound                     404  not_found_error
+    │   └── UnknownModel             404  (code model_not_found)
+    ├── Conflict                     409  conflict (e.g. a replica registered twice)
+    ├── NoHealthyReplica             503  service_unavailable (with Retry-After)
+    └── UpstreamError                502  upstream_error (a replica failed after all retries)
+        └── UpstreamTimeout          504  (connect, first byte, idle or total timeout)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BadRequest",
+    "ConfigError",
+    "Conflict",
+    "NoHealthyReplica",
+    "NotFound",
+    "PayloadTooLarge",
+    "RouterError",
+    "Unauthorized",
+    "UnknownModel",
+    "UpstreamError",
+    "UpstreamTimeout",
+]
+
+
+class RouterError(Exception):
+    """Base of every error the router raises on purpose."""
+
+    status: int = 500
+    error_type: str = "internal_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class ConfigError(RouterError):
+    """Invalid settings (flags, environment or YAML); raised before anything starts."""
+
+
+class BadRequest(RouterError):
+    """The client sent something the router cannot route (invalid JSON, wrong types, ...)."""
+
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class PayloadTooLarge(BadRequest):
+    """The request body exceeds `max_body_bytes`."""
+
+    status = 413
+    code = "payload_too_large"
+
+
+class Unauthorized(RouterError):
+    """A protected endpoint was called without the right bearer token."""
+
+    status = 401
+    error_type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFound(RouterError):
+    """No such route or resource."""
+
+    status = 404
+    error_type = "not_found_error"
+
+
+class UnknownModel(NotFound):
+    """No replica of the fleet has ever served the requested model."""
+
+    status = 404
+    error_type = "invalid_request_error"
+    code = "model_not_found"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model `{model}` does not exist.", param="model")
+        self.model = model
+
+
+class Conflict(RouterError):
+    """The resource already exists (e.g. a replica with that id or URL)."""
+
+    status = 409
+    error_type = "conflict"
+
+
+class NoHealthyReplica(RouterError):
+    """The model is known but no replica serving it is up right now (answered with Retry-After)."""
+
+    status = 503
+    error_type = "service_unavailable"
+    code = "no_healthy_replica"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class UpstreamError(RouterError):
+    """The chosen replicas failed (connection error, 5xx) and retries are exhausted."""
+
+    status = 502
+    error_type = "upstream_error"
+    code = "bad_gateway"
+
+
+class UpstreamTimeout(UpstreamError):
+    """A replica did not connect, answer or continue its answer in time."""
+
+    status = 504
+    code = "gateway_timeout"

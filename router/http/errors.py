@@ -1,0 +1,75 @@
+"""Errors to OpenAI-style HTTP answers, in one place.
+
+Every error body has the shape `{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from router.errors import NoHealthyReplica, RouterError
+from router.proxy.headers import REQUEST_ID_HEADER
+
+__all__ = ["error_body", "error_middleware", "error_response"]
+
+log = logging.getLogger(__name__)
+
+
+def error_body(message: str, error_type: str, param: str | None, code: str | int | None) -> bytes:
+    return orjson.dumps(
+        {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    )
+
+
+def error_response(exc: RouterError, request_id: str | None = None) -> web.Response:
+    """The HTTP answer for any `RouterError` (status, OpenAI-style body, Retry-After on 503)."""
+    headers: dict[str, str] = {}
+    if isinstance(exc, NoHealthyReplica):
+        headers["Retry-After"] = str(exc.retry_after_s)
+    if request_id is not None:
+        headers[REQUEST_ID_HEADER] = request_id
+    return web.Response(
+        status=exc.status,
+        body=error_body(exc.message, exc.error_type, exc.param, exc.code or exc.status),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """OpenAI-style bodies for everything that escapes a handler (unknown routes, 405, bugs)."""
+    try:
+        return await handler(request)
+    except RouterError as exc:
+        return error_response(exc, request.headers.get(REQUEST_ID_HEADER))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return web.Response(
+            status=exc.status,
+            body=error_body(
+                exc.reason
+                if exc.status != 404
+                else f"no route for {request.method} {request.path}",
+                _TYPES.get(exc.status, "invalid_request_error"),
+                None,
+                exc.status,
+            ),
+            content_type="application/json",
+            headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"},
+        )
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return web.Response(
+            status=500,
+            body=error_body("internal router error", "internal_error", None, 500),
+            content_type="application/json",
+        )
