@@ -97,7 +97,7 @@ def batching_comparison(
             num_gpu_blocks=num_gpu_blocks,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
-            scheduling=mode,  # type: ignore[arg-type]
+            scheduling=mode,
         )
         runs[mode] = run_virtual(_engine(config), workload)
     return BatchingComparison(cap, runs["continuous"], runs["static"])

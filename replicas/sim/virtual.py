@@ -7,6 +7,7 @@ decode step, so its token times are a slice of the shared list of decode-step en
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Iterable, Sequence
@@ -74,7 +75,7 @@ class RequestTiming:
     def itls(self) -> list[float]:
         """Gaps between consecutive tokens."""
         times = self.token_times
-        return [b - a for a, b in zip(times, times[1:], strict=False)]
+        return [b - a for a, b in itertools.pairwise(times)]
 
     @property
     def tpot_s(self) -> float:
