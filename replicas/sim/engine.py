@@ -606,6 +606,10 @@ class Engine:
         req.num_generated += k
         req.d0 = self._decode_steps
         del self._decoders[req.request_id]
+        if not self._decoders:
+            # Every pending event belongs to a decoder: with none left they are all stale.
+            self._alloc_at.clear()
+            self._finish_at.clear()
 
     @staticmethod
     def _push(
