@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from replicas.sim.config import EngineConfig  # noqa: E402
-from replicas.sim.cost_model import DEFAULT_PROFILE, PROFILES, CostModel  # noqa: E402
-from replicas.sim.demonstrations import (  # noqa: E402
+from replicas.sim.config import EngineConfig
+from replicas.sim.cost_model import DEFAULT_PROFILE, PROFILES, CostModel
+from replicas.sim.demonstrations import (
     BATCHING_CAPS,
     batching_comparison,
     chunked_prefill_comparison,
@@ -28,8 +28,8 @@ from replicas.sim.demonstrations import (  # noqa: E402
     prefix_reuse,
     random_prompt,
 )
-from replicas.sim.engine import Engine, EngineRequest  # noqa: E402
-from replicas.sim.virtual import percentile, run_virtual  # noqa: E402
+from replicas.sim.engine import Engine, EngineRequest
+from replicas.sim.virtual import percentile, run_virtual
 
 
 def _engine(**overrides: object) -> Engine:
@@ -81,7 +81,8 @@ def speed_step_api(workload: list) -> None:
     print(
         f"  {'Engine.step() with per-token outputs (server path)':<46} "
         f"{prompt + outputs:>10,} tok in {wall:6.2f} s wall = "
-        f"{(prompt + outputs) / wall / 1e6:5.2f} M tok/s ({outputs / wall / 1e6:4.2f} M output tok/s)"
+        f"{(prompt + outputs) / wall / 1e6:5.2f} M tok/s "
+        f"({outputs / wall / 1e6:4.2f} M output tok/s)"
     )
 
 
