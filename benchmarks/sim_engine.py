@@ -31,13 +31,15 @@ from replicas.sim.demonstrations import (
 from replicas.sim.engine import Engine, EngineRequest
 from replicas.sim.virtual import percentile, run_virtual
 
+Workload = list[tuple[float, EngineRequest]]
+
 
 def _engine(**overrides: object) -> Engine:
     profile = PROFILES[DEFAULT_PROFILE]
     return Engine(EngineConfig.for_profile(profile, **overrides), CostModel(profile))
 
 
-def shared_prefix_workload(groups: int, per_group: int, seed: int = 0) -> list:
+def shared_prefix_workload(groups: int, per_group: int, seed: int = 0) -> Workload:
     """SGLang's generated-shared-prefix shape: 2,048-token system prompts, 128-token questions,
     256 output tokens, Poisson arrivals at 40 req/s, shuffled."""
     rng = random.Random(seed)
@@ -49,14 +51,14 @@ def shared_prefix_workload(groups: int, per_group: int, seed: int = 0) -> list:
     ]
     rng.shuffle(reqs)
     t = 0.0
-    out = []
+    out: Workload = []
     for r in reqs:
         t += rng.expovariate(40.0)
         out.append((t, r))
     return out
 
 
-def speed(name: str, make_engine: Callable[[], Engine], workload: list) -> None:
+def speed(name: str, make_engine: Callable[[], Engine], workload: Workload) -> None:
     run = run_virtual(make_engine(), workload)
     tokens = run.prompt_tokens + run.output_tokens
     print(
@@ -67,7 +69,7 @@ def speed(name: str, make_engine: Callable[[], Engine], workload: list) -> None:
     )
 
 
-def speed_step_api(workload: list) -> None:
+def speed_step_api(workload: Workload) -> None:
     """The per-token `step()` path the real-time server uses, for comparison."""
     engine = _engine(num_gpu_blocks=4096, max_num_seqs=256)
     for _, r in workload:
