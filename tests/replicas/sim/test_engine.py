@@ -383,3 +383,16 @@ def test_output_dataclasses_are_frozen() -> None:
     out = RequestOutput("a", (1,), 3, 0, False, None)
     with pytest.raises(dataclasses.FrozenInstanceError):
         out.finished = True  # type: ignore[misc]
+
+
+def test_block_hashes_depend_on_the_hash_seed_only() -> None:
+    def stored(seed: int) -> list[int]:
+        events: list[KVEvent] = []
+        engine = make(events, hash_seed=seed)
+        engine.add_request(EngineRequest("a", prompt(64), 1))
+        drive(engine)
+        return [h for e in events if isinstance(e, BlockStored) for h in e.block_hashes]
+
+    assert stored(1) == stored(1)
+    assert stored(1) != stored(2)
+    assert all(0 <= h < 2**64 for h in stored(1))
