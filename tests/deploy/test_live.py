@@ -1,19 +1,24 @@
 """Live: the dashboard and the alert rules work against the real thing.
 
-A router (cache_aware, and Redis-backed when the router has that setting) in front of three sim
-replicas on 127.0.0.1 — two healthy with a small KV cache (so the index evicts) and KV events on,
-one that fails every generation (so retries, upstream errors and an open circuit happen) — serves
-shared-prefix, unique and over-long prompts. Debian's prometheus scrapes all four every second.
-Then: every metric name the dashboard and rules use is in a /metrics output, and every dashboard
-query evaluated through Prometheus' HTTP API returns data.
+A router (kv_aware as deployed; Redis-backed once the router has that setting) in front of
+three sim replicas on 127.0.0.1 (two healthy with a small KV cache, so the index evicts, and KV
+events on; one failing every generation, so retries, upstream errors and an open circuit happen)
+serves shared-prefix, unique and over-long prompts. Debian's prometheus scrapes all four every
+second. Then: every metric name the dashboard and rules use is in a /metrics output, and every
+dashboard query evaluated through Prometheus' HTTP API returns data.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
+from dockerfile_parse import DockerfileParser
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.config import RouterConfig
@@ -26,7 +31,13 @@ from tests.deploy.live import (
     prometheus_binary,
     wait_until,
 )
-from tests.deploy.manifests import dashboard_queries, metric_names, rule_expressions, substitute
+from tests.deploy.manifests import (
+    DOCKERFILE,
+    dashboard_queries,
+    metric_names,
+    rule_expressions,
+    substitute,
+)
 
 # Metrics the dashboard or rules use that the router does not export yet, with the work that adds
 # them. Strict xfail: when a metric appears the test XPASSes, which fails, and the entry must go.
@@ -49,6 +60,10 @@ PENDING: dict[str, str] = {
 RATE_INTERVAL = "2m"
 VARIABLES = {"model": ".*"}
 N_REQUESTS = 80
+
+
+def _dockerfile() -> list[dict[str, str]]:
+    return list(DockerfileParser(path=str(DOCKERFILE)).structure)
 
 
 def _used_metrics() -> list[str]:
@@ -83,7 +98,7 @@ def stack(
             [*small_kv, "--seed", "2", "--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}"],
         )
         live.start_replica("r3", ["--seed", "3", "--failure-rate", "1.0"])
-        router_extra = ["--policy", "cache_aware"]
+        router_extra = ["--policy", "kv_aware"]  # the deploy files' policy
         if "redis_url" in RouterConfig.__dataclass_fields__:
             router_extra += ["--redis-url", request.getfixturevalue("redis_server_url")]
         live.start_router(router_extra)
@@ -174,3 +189,17 @@ def test_alert_rules_load_and_evaluate(stack: tuple[LiveStack, TrafficReport]) -
 
     health = wait_until("alert rules evaluated", evaluated, 10)
     assert set(health.values()) == {"ok"}, health
+
+
+@pytest.mark.parametrize("target", ["router", "dead"])
+def test_image_healthcheck_command(target: str, stack: tuple[LiveStack, TrafficReport]) -> None:
+    """The Dockerfile's HEALTHCHECK command, run as Docker would, against a live router (exit 0)
+    and against a port nobody listens on (non-zero)."""
+    live, _ = stack
+    (check,) = [i["value"] for i in _dockerfile() if i["instruction"] == "HEALTHCHECK"]
+    argv = orjson.loads(check[check.index("CMD") + 3 :])
+    url = live.router_url if target == "router" else f"http://127.0.0.1:{free_port()}"
+    env = {**os.environ, "HEALTHCHECK_URL": url + "/health"}
+    argv[0] = sys.executable if argv[0] == "python" else argv[0]
+    result = subprocess.run(argv, env=env, capture_output=True, timeout=30)
+    assert (result.returncode == 0) == (target == "router"), result.stderr

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from router.config import ENV_PREFIX, RouterConfig, load_config
+from router.policies import POLICIES
 from tests.deploy.manifests import COMPOSE_FILE, compose_interpolate, k8s_documents, load_yaml
 
 # Settings the deploy files already pass for work that has not landed yet. Strict xfail: once the
@@ -60,3 +61,5 @@ def test_router_accepts_the_values(where: str) -> None:
     assert cfg.port == 8080
     assert len(cfg.replica_specs) == 4
     assert cfg.embedded_sim_replicas == 0
+    assert cfg.policy in POLICIES
+    assert POLICIES[cfg.policy].uses_prefix, "the deploy stack is there to route on prefixes"
