@@ -229,7 +229,7 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from loadtest.plot import PlotRun, plot_run
-    from loadtest.report import result_json, summary_table, write_json
+    from loadtest.report import output_console, result_json, summary_table, write_json
     from loadtest.runner import RunError, RunSettings, execute
 
     params = workload_params_from_args(args)
@@ -250,7 +250,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         request_timeout_s=args.request_timeout,
         label=args.label,
     )
-    console = Console()
+    console = output_console()
     try:
         outcome = asyncio.run(execute(settings, console=Console(stderr=True)))
     except (RunError, WorkloadError) as exc:

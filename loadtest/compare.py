@@ -218,7 +218,6 @@ async def _run_target(
             targets = urls
         elif target.kind == "policy":
             from router.app import running_gateway
-
             from router.config import RouterConfig
 
             assert target.policy is not None
@@ -263,7 +262,8 @@ def _ms(value: float) -> str:
 
 def compare_table(rows: Sequence[CompareRow], title: str) -> Table:
     """The side-by-side table."""
-    table = Table(title=title, header_style="bold")
+    notes = [f"{row.target.label}: {row.note}" for row in rows if row.outcome is None]
+    table = Table(title=title, header_style="bold", caption="\n".join(notes) or None)
     for name, justify in (
         ("target", "left"),
         ("ok/failed", "right"),
@@ -280,7 +280,7 @@ def compare_table(rows: Sequence[CompareRow], title: str) -> Table:
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for row in rows:
         if row.outcome is None:
-            table.add_row(row.target.label, f"[dim]{row.note}[/dim]", *[""] * 9)
+            table.add_row(row.target.label, "[dim]skipped[/dim]", *[""] * 9)
             continue
         s = row.outcome.summary
         ttft, tpot = s.latency["ttft"], s.latency["tpot"]
@@ -403,6 +403,8 @@ def run_compare_cli(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         replicas=tuple(u.rstrip("/") for u in args.replica),
     )
     rows = asyncio.run(compare(targets, run, fleet))
-    Console().print(compare_table(rows, f"{args.workload}, seed {args.seed}"))
+    from loadtest.report import output_console
+
+    output_console().print(compare_table(rows, f"{args.workload}, seed {args.seed}"))
     write_outputs(rows, args.json, args.plot)
     return 0 if any(row.outcome is not None for row in rows) else 1

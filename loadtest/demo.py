@@ -25,6 +25,7 @@ from rich.table import Table
 
 from loadtest.compare import CompareRow, FleetSettings, Target, compare, compare_table
 from loadtest.drivers import DriverConfig
+from loadtest.report import output_console
 from loadtest.runner import RunSettings
 from loadtest.virtual import (
     BatchingResult,
@@ -268,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.time_scale >= 0:
             parser.error("--time-scale must be >= 0")
         size = _replace(size, time_scale=args.time_scale)
-    console = Console()
+    console = output_console()
     result = asyncio.run(run_demo(size, args.seed, console))
     if args.json or args.plot:
         from loadtest.compare import write_outputs

@@ -29,6 +29,7 @@ __all__ = [
     "JSON_KEYS",
     "RunMeta",
     "live_progress",
+    "output_console",
     "result_json",
     "summary_table",
     "write_json",
@@ -106,6 +107,15 @@ def _golden_keys() -> tuple[str, ...]:
 
 
 JSON_KEYS: tuple[str, ...] = _golden_keys()
+
+
+def output_console() -> Console:
+    """A console for the result tables: at least 150 columns when not a terminal (files, pipes,
+    CI logs), so wide comparison tables are not squeezed to 80."""
+    console = Console()
+    if console.is_terminal:
+        return console
+    return Console(width=max(150, console.width))
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
