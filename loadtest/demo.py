@@ -147,6 +147,27 @@ async def _routing(size: DemoSize, seed: int, console: Console) -> list[CompareR
     ]
 
 
+def _vs_round_robin(rows: Sequence[CompareRow]) -> list[str]:
+    """One line per policy: its throughput and TTFT p50 relative to round robin."""
+    base = next((r.outcome for r in rows if r.target.policy == "round_robin" and r.outcome), None)
+    if base is None:
+        return []
+    b = base.summary
+    lines = []
+    for row in rows:
+        if row.outcome is None or row.target.policy == "round_robin":
+            continue
+        s = row.outcome.summary
+        hit, base_hit = s.prefix_cache_hit_rate or 0.0, b.prefix_cache_hit_rate or 0.0
+        lines.append(
+            f"{row.target.policy} vs round_robin: output throughput "
+            f"{s.output_throughput / b.output_throughput:.2f}x, TTFT p50 "
+            f"{s.latency['ttft'].percentiles[50] / b.latency['ttft'].percentiles[50]:.2f}x, "
+            f"hit rate {hit:.0%} vs {base_hit:.0%}"
+        )
+    return lines
+
+
 def _batching_table(results: Sequence[BatchingResult]) -> Table:
     table = Table(
         title="Static vs continuous batching (sim engine, virtual time; output-variance workload)",
@@ -206,6 +227,8 @@ async def run_demo(size: DemoSize, seed: int, console: Console) -> DemoResult:
     )
     routing = await _routing(size, seed, console)
     console.print(compare_table(routing, "Routing policies on the shared-prefix workload"))
+    for line in _vs_round_robin(routing):
+        console.print(line)
     console.print("[bold]2. Batching[/bold] and [bold]3. chunked prefill[/bold] on the sim engine")
     batching = [
         batching_ratio(cap, size.batching_requests, seed=seed) for cap in size.batching_caps
