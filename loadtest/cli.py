@@ -188,6 +188,7 @@ def _build_parser() -> argparse.ArgumentParser:
     add_workload_arguments(run, default=None)
     add_driver_arguments(run)
     _add_output_arguments(run)
+    run.set_defaults(subparser=run)
 
     from loadtest.compare import add_compare_arguments
 
@@ -197,6 +198,7 @@ def _build_parser() -> argparse.ArgumentParser:
     add_workload_arguments(compare, default="shared-prefix")
     add_driver_arguments(compare)
     add_compare_arguments(compare)
+    compare.set_defaults(subparser=compare)
 
     trace = sub.add_parser("make-trace", help="write a workload's requests as a JSONL trace")
     add_workload_arguments(trace, default=None)
@@ -204,6 +206,7 @@ def _build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--burstiness", type=_positive_float, default=1.0, metavar="K")
     trace.add_argument("--num-requests", type=_positive_int, required=True)
     trace.add_argument("--output", "-o", required=True, metavar="FILE")
+    trace.set_defaults(subparser=trace)
     return parser
 
 
@@ -290,13 +293,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``fleet-loadtest``."""
     parser = _build_parser()
     args = parser.parse_args(argv)
+    sub: argparse.ArgumentParser = args.subparser  # errors print the subcommand's usage
     if args.command == "run":
-        return _run(parser, args)
+        return _run(sub, args)
     if args.command == "compare":
         from loadtest.compare import run_compare_cli
 
-        return run_compare_cli(parser, args)
-    return _make_trace(parser, args)
+        return run_compare_cli(sub, args)
+    return _make_trace(sub, args)
 
 
 if __name__ == "__main__":  # pragma: no cover
