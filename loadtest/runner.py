@@ -64,7 +64,7 @@ async def discover_model(url: str, timeout_s: float = 10.0) -> str:
                 raise RunError(f"{models_url} answered HTTP {response.status}; pass --model")
             body = await response.json()
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-        raise RunError(f"cannot list models at {models_url}: {exc!r}; pass --model") from None
+        raise RunError(f"cannot list models at {models_url} ({exc}); pass --model") from None
     data = body.get("data") if isinstance(body, dict) else None
     if not data or not isinstance(data[0], dict) or not isinstance(data[0].get("id"), str):
         raise RunError(f"{models_url} lists no model; pass --model")
