@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import signal
@@ -182,6 +183,10 @@ async def serve(settings: SimSettings) -> None:
         settings.time_scale,
         f", KV events on {settings.kv_events_endpoint}" if settings.kv_events_endpoint else "",
     )
+    # The engine's KV pool and the imported modules are long-lived: keep them out of the cyclic
+    # GC's full collections, which otherwise stall the loop for tens of milliseconds under load
+    # (measured in benchmarks/sim_realtime.py). The process is ours, so this global is fine here.
+    gc.freeze()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

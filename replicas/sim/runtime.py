@@ -43,6 +43,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+_EARLY_TOLERANCE_S = 50e-6
+
 
 def build_engine(settings: SimSettings, kv_event_sink: Callable[..., None] | None = None) -> Engine:
     """The engine described by `settings`; unset limits come from the GPU profile."""
@@ -140,7 +142,7 @@ class StepTiming:
 
     __slots__ = ("intervals", "max_lag_s", "num_steps", "total_modelled_s", "total_wall_s")
 
-    def __init__(self, window: int = 100_000) -> None:
+    def __init__(self, window: int = 8192) -> None:
         self.intervals: deque[tuple[float, float]] = deque(maxlen=window)
         self.num_steps = 0
         self.total_modelled_s = 0.0
@@ -263,6 +265,10 @@ class EngineRuntime:
             now = loop.time()
             if deadline > now:
                 await asyncio.sleep(deadline - now)
+                # Event-loop timers have ~1 ms granularity and may fire early; sleep out the
+                # rest (other tasks run meanwhile) so tokens never leave before their time.
+                while (left := deadline - loop.time()) > _EARLY_TOLERANCE_S:
+                    await asyncio.sleep(left)
             else:
                 if now - deadline > self._max_catch_up_s:
                     log.warning("engine loop %.3fs behind schedule; resetting", now - deadline)

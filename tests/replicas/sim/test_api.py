@@ -36,17 +36,23 @@ def _apply_stop(text: str, stops: list[str], pieces: list[int]) -> tuple[str, st
     stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=4), max_size=3),
     pieces=st.lists(st.integers(0, 40), max_size=12),
 )
-def test_stop_strings_independent_of_chunking(
-    text: str, stops: list[str], pieces: list[int]
-) -> None:
+def test_stop_strings_any_chunking(text: str, stops: list[str], pieces: list[int]) -> None:
     seen, hit = _apply_stop(text, stops, pieces)
-    hits = [(text.find(s), s) for s in stops if s in text]
-    if not hits:
-        assert (seen, hit) == (text, None)
-        return
-    at = min(i for i, _ in hits)
-    assert seen == text[:at]  # everything before the earliest stop, the stop itself excluded
-    assert hit is not None and text[at:].startswith(hit)
+    assert text.startswith(seen)
+    assert not any(stop in seen for stop in stops)  # a stop string is never released
+    if hit is None:
+        assert seen == text  # no stop string anywhere: everything is released
+        assert not any(stop in text for stop in stops)
+    else:
+        assert hit in stops and text[len(seen) :].startswith(hit)
+    # fed one character at a time (the finest chunking), the first stop string to be
+    # completed wins, and the client sees exactly the text before it
+    seen1, hit1 = _apply_stop(text, stops, list(range(len(text) + 1)))
+    ends = [text.find(s) + len(s) for s in stops if s in text]
+    if ends:
+        assert hit1 is not None and len(seen1) + len(hit1) == min(ends)
+    else:
+        assert (seen1, hit1) == (text, None)
 
 
 def test_stop_strings_wait_for_min_tokens() -> None:
