@@ -57,6 +57,7 @@ from replicas.sim.tokenizer import Tokenizer, load_tokenizer
 __all__ = [
     "REPLICA",
     "VLLM_COMPAT_VERSION",
+    "OutputPlan",
     "ReplicaState",
     "SimReplica",
     "create_app",
@@ -202,6 +203,16 @@ def _mix_seed(*parts: object) -> int:
     return xxhash.xxh64_intdigest(repr(parts).encode())
 
 
+@dataclass(frozen=True, slots=True)
+class OutputPlan:
+    """What the engine will generate for one request."""
+
+    output_tokens: int
+    finish_reason: str  # "length" (max_tokens reached) or "stop" (the simulated EOS)
+    token_seed: int  # seeds the generated token ids
+    max_tokens: int  # resolved max_tokens (static batching reserves KV for it)
+
+
 def plan_output(
     *,
     params: GenerationParams,
@@ -209,9 +220,8 @@ def plan_output(
     max_model_len: int,
     settings_seed: int,
     dist: OutputLengthDistribution,
-) -> tuple[int, str, int]:
-    """(output tokens, engine finish reason, token seed) for one request; `BadRequest` if it
-    cannot fit the context.
+) -> OutputPlan:
+    """The output of one request; `BadRequest` if it cannot fit the context.
 
     max_tokens defaults, as in vLLM, to the context left after the prompt. With ignore_eos the
     request generates exactly max_tokens ("length"); otherwise an EOS is simulated at a length
@@ -244,9 +254,9 @@ def plan_output(
     request_key = f"{params.seed}:{prompt_key}"
     token_seed = _mix_seed(settings_seed, request_key)
     if params.ignore_eos:
-        return max_tokens, "length", token_seed
+        return OutputPlan(max_tokens, "length", token_seed, max_tokens)
     n = draw_output_length(dist, settings_seed, request_key, max_tokens, params.min_tokens)
-    return n, ("stop" if n < max_tokens else "length"), token_seed
+    return OutputPlan(n, "stop" if n < max_tokens else "length", token_seed, max_tokens)
 
 
 # --------------------------------------------------------------------------------- middleware
@@ -340,7 +350,7 @@ async def _generate(
     params = parsed.params
     if not prompt_ids:
         raise BadRequest("The prompt is empty after tokenization.", param="prompt")
-    n_out, finish_reason, token_seed = plan_output(
+    plan = plan_output(
         params=params,
         prompt_token_ids=prompt_ids,
         max_model_len=state.max_model_len,
@@ -355,11 +365,12 @@ async def _generate(
     engine_request = EngineRequest(
         request_id=request_id,
         prompt_token_ids=prompt_ids,
-        output_tokens=n_out,
-        finish_reason=finish_reason,
+        output_tokens=plan.output_tokens,
+        finish_reason=plan.finish_reason,
         cache_salt=params.cache_salt,
         priority=params.priority,
-        seed=token_seed,
+        seed=plan.token_seed,
+        max_tokens=plan.max_tokens,
     )
     try:
         stream = state.runtime.submit(engine_request)

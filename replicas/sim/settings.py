@@ -8,6 +8,7 @@ from the GPU profile when the engine is built (`replicas.sim.runtime.build_engin
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -123,6 +124,10 @@ def _validate(s: SimSettings) -> None:
         f"need 1 <= output_len_low <= output_len_high, got {s.output_len_low}, {s.output_len_high}",
     )
     need(s.embedding_dim >= 1, "embedding_dim must be >= 1")
+    need(
+        s.tokenizer_path is None or os.path.isfile(s.tokenizer_path),
+        f"tokenizer_path {s.tokenizer_path!r} is not a file (a local tokenizer.json)",
+    )
     need(s.kv_events_encoding in ("array", "map"), "kv_events_encoding must be array or map")
     need(s.kv_events_buffer_steps >= 1, "kv_events_buffer_steps must be >= 1")
     need(s.kv_events_hwm >= 1, "kv_events_hwm must be >= 1")

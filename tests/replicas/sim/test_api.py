@@ -136,15 +136,17 @@ def test_plan_output() -> None:
     dist = OutputLengthDistribution(kind="fixed", mean=10)
     prompt = tuple(range(100))
 
-    def plan(**kw: object) -> tuple[int, str, int]:
+    def plan(**kw: object) -> tuple[int, str, int, int]:
         params = api.GenerationParams(**{"max_tokens": None, **kw})  # type: ignore[arg-type]
-        return plan_output(params=params, prompt_token_ids=prompt, max_model_len=1000,
-                           settings_seed=0, dist=dist)  # fmt: skip
+        p = plan_output(params=params, prompt_token_ids=prompt, max_model_len=1000,
+                        settings_seed=0, dist=dist)  # fmt: skip
+        return p.output_tokens, p.finish_reason, p.token_seed, p.max_tokens
 
     assert plan(max_tokens=50)[:2] == (10, "stop")
     assert plan(max_tokens=5)[:2] == (5, "length")
     assert plan(max_tokens=50, ignore_eos=True)[:2] == (50, "length")
     assert plan(ignore_eos=True)[:2] == (900, "length")  # default: the rest of the context
+    assert plan()[3] == 900 and plan(max_tokens=50)[3] == 50
     assert plan(max_tokens=50, min_tokens=20)[:2] == (20, "stop")
     assert plan(max_tokens=50, seed=1)[2] != plan(max_tokens=50, seed=2)[2]
     assert plan(max_tokens=50, seed=1)[2] == plan(max_tokens=50, seed=1)[2]

@@ -386,3 +386,19 @@ async def test_two_replicas_in_one_process_and_restart_on_same_port() -> None:
     finally:
         await again.stop()
         await again.stop()  # idempotent
+
+
+async def test_static_batching_and_prefix_caching_off(sim_replica: StartReplica) -> None:
+    replica = await sim_replica(scheduling="static", enable_prefix_caching=False, max_num_seqs=4)
+    prompt = list(range(3000, 3000 + 256))
+    body = {"prompt": prompt, "max_tokens": 5, "ignore_eos": True}
+    results = await asyncio.gather(
+        *(_post(f"{replica.url}/v1/completions", body) for _ in range(6))
+    )
+    for status, raw in results:
+        assert status == 200, raw
+        usage = json.loads(raw)["usage"]
+        assert usage["completion_tokens"] == 5
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 0  # caching is off
+    stats = replica.engine.stats()
+    assert stats.prefix_cache_hits == 0 and stats.num_running == 0
