@@ -267,7 +267,7 @@ class EngineRuntime:
                 await asyncio.sleep(deadline - now)
                 # Event-loop timers have ~1 ms granularity and may fire early; sleep out the
                 # rest (other tasks run meanwhile) so tokens never leave before their time.
-                while (left := deadline - loop.time()) > _EARLY_TOLERANCE_S:
+                while (left := deadline - loop.time()) > _EARLY_TOLERANCE_S:  # noqa: ASYNC110
                     await asyncio.sleep(left)
             else:
                 if now - deadline > self._max_catch_up_s:
