@@ -262,6 +262,12 @@ def plan_output(
 # --------------------------------------------------------------------------------- middleware
 
 
+def _undeliverable() -> web.Response:
+    """What a handler returns when nobody can receive it any more (connection aborted or gone):
+    aiohttp's attempt to send it fails quietly, without the error log a raised exception gets."""
+    return web.Response(status=499)
+
+
 def _json(payload: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(payload), status=status, content_type="application/json")
 
@@ -279,7 +285,7 @@ async def _errors_middleware(
     state = request.app[REPLICA]
     if state.crash.crashed:  # a dead process answers nothing
         await state.crash.trigger(request)
-        raise ConnectionResetError("replica crashed (fault injection)")
+        return _undeliverable()
     try:
         return await handler(request)
     except SimApiError as err:
@@ -328,7 +334,7 @@ async def _generate(
     fault = state.faults.next_request()
     if fault.crash:
         await state.crash.trigger(request)
-        raise ConnectionResetError("replica crashed (fault injection)")
+        return _undeliverable()
     body = await _read_json(request)
     parsed: CompletionRequest | ChatRequest
     if kind == "chat":
@@ -380,7 +386,10 @@ async def _generate(
     try:
         if params.stream:
             return await _stream(request, state, kind, stream, params, model, created)
-        text, reason, stop_reason = await _collect(request, state, stream, params)
+        collected = await _collect(request, state, stream, params)
+        if collected is None:
+            return _undeliverable()
+        text, reason, stop_reason = collected
         if kind == "completion" and isinstance(parsed, CompletionRequest) and parsed.echo:
             text = (prompt_text or state.tokenizer.decode(prompt_ids)) + text
         usage = _usage(stream)
@@ -406,8 +415,9 @@ def _client_gone(request: web.Request) -> bool:
 
 async def _collect(
     request: web.Request, state: ReplicaState, stream: RequestStream, params: GenerationParams
-) -> tuple[str, str, str | None]:
-    """Wait for a whole non-streamed answer: (text, finish_reason, stop_reason)."""
+) -> tuple[str, str, str | None] | None:
+    """Wait for a whole non-streamed answer: (text, finish_reason, stop_reason); None when the
+    client went away meanwhile (its engine request is aborted)."""
     detok = api.IncrementalDetokenizer(state.tokenizer.decode)
     stops = api.StopChecker(params.stop, params.min_tokens)
     parts: list[str] = []
@@ -415,7 +425,7 @@ async def _collect(
         batch = await stream.next_batch()
         if _client_gone(request):
             state.runtime.abort(stream.request_id)
-            raise ConnectionResetError("client disconnected")
+            return None
         delta = detok.push(batch.token_ids, final=batch.finished)
         released, hit = stops.push(delta, len(batch.token_ids), final=batch.finished)
         parts.append(released)
