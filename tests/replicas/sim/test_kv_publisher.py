@@ -177,3 +177,26 @@ async def test_sub_receives_consistent_events(sim_replica: StartReplica, encodin
     assert cached == replica.engine.cached_block_hashes()  # the events replay the cache exactly
     # the replay buffer holds exactly what was published
     assert [m[2] for m in missed] == [m[2] for m in messages[: len(missed)]]
+
+
+async def test_replay_endpoint_serves_missed_batches(sim_replica: StartReplica) -> None:
+    pub_port, replay_port = free_port(), free_port()
+    replica = await sim_replica(
+        kv_events_endpoint=f"tcp://127.0.0.1:{pub_port}",  # nobody listens: all batches "missed"
+        kv_events_replay_endpoint=f"tcp://127.0.0.1:{replay_port}",
+        kv_events_encoding="array",
+    )
+    for i in range(3):
+        await _post_prompt(replica.url, list(range(i * 100, i * 100 + 64)), 2)
+    publisher = replica.state.publisher
+    assert publisher is not None and publisher.next_seq >= 3
+    ctx = zmq.asyncio.Context()
+    try:
+        replies = await _replay(ctx, f"tcp://127.0.0.1:{replay_port}", 1)  # from seq 1 on
+        past_end = await _replay(ctx, f"tcp://127.0.0.1:{replay_port}", publisher.next_seq)
+    finally:
+        ctx.term()
+    seqs = [int.from_bytes(seq, "big") for _, seq, _ in replies]
+    assert seqs == list(range(1, publisher.next_seq))
+    assert all(msgpack.unpackb(payload)[1] for _, _, payload in replies)  # [ts, events, rank]
+    assert past_end == []  # only the end marker
