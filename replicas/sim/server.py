@@ -336,24 +336,23 @@ async def _generate(
         await state.crash.trigger(request)
         return _undeliverable()
     body = await _read_json(request)
-    parsed: CompletionRequest | ChatRequest
-    if kind == "chat":
-        parsed = api.parse_chat(body)
+    parsed: CompletionRequest | ChatRequest = (
+        api.parse_chat(body) if kind == "chat" else api.parse_completion(body)
+    )
+    model = _check_model(state, parsed.model)
+    params = parsed.params
+    if isinstance(parsed, ChatRequest):
         prompt_text = api.render_chat(
             parsed.messages, add_generation_prompt=parsed.add_generation_prompt
         )
         prompt_ids = tuple(state.tokenizer.encode(prompt_text))
+    elif isinstance(parsed.prompt, str):
+        prompt_text = parsed.prompt
+        prompt_ids = tuple(state.tokenizer.encode(prompt_text))
     else:
-        parsed = api.parse_completion(body)
-        if isinstance(parsed.prompt, str):
-            prompt_text = parsed.prompt
-            prompt_ids = tuple(state.tokenizer.encode(prompt_text))
-        else:
-            prompt_ids = parsed.prompt
-            _check_vocab(state, prompt_ids, "prompt")
-            prompt_text = ""
-    model = _check_model(state, parsed.model)
-    params = parsed.params
+        prompt_text = ""
+        prompt_ids = parsed.prompt
+        _check_vocab(state, prompt_ids, "prompt")
     if not prompt_ids:
         raise BadRequest("The prompt is empty after tokenization.", param="prompt")
     plan = plan_output(
@@ -390,7 +389,7 @@ async def _generate(
         if collected is None:
             return _undeliverable()
         text, reason, stop_reason = collected
-        if kind == "completion" and isinstance(parsed, CompletionRequest) and parsed.echo:
+        if isinstance(parsed, CompletionRequest) and parsed.echo:
             text = (prompt_text or state.tokenizer.decode(prompt_ids)) + text
         usage = _usage(stream)
         make = api.chat_response if kind == "chat" else api.completion_response

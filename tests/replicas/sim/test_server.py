@@ -105,6 +105,10 @@ async def test_non_streaming_shapes(sim_replica: StartReplica) -> None:
     assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"]["completion_tokens"] == 3
     assert "cached_tokens" in body["usage"]["prompt_tokens_details"]
+    status, raw = await _post(
+        f"{replica.url}/v1/completions", {"prompt": "Hello there", "max_tokens": 3, "echo": True}
+    )
+    assert status == 200 and json.loads(raw)["choices"][0]["text"].startswith("Hello there")
 
     status, raw = await _post(
         f"{replica.url}/v1/chat/completions",
