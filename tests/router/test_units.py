@@ -1,0 +1,152 @@
+"""Pure helpers of the edge: /metrics parsing, header filtering, body validation."""
+
+from __future__ import annotations
+
+import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from router.errors import BadRequest
+from router.fleet.stats import parse_vllm_metrics
+from router.http.validation import parse_json_object, validate
+from router.proxy.headers import downstream_headers, upstream_headers
+
+VLLM_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 7.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 600.0
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",num_gpu_blocks="27000"} 1.0
+# HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency in seconds.
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="0.3",model_name="m"} 2.0
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf",model_name="m"} 4.0
+vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 4.0
+vllm:e2e_request_latency_seconds_sum{engine="0",model_name="m"} 2.5
+"""
+
+
+def test_parse_vllm_metrics() -> None:
+    stats = parse_vllm_metrics(VLLM_METRICS)
+    assert (stats.running, stats.waiting, stats.kv_usage) == (3, 7, 0.25)
+    assert (stats.num_gpu_blocks, stats.block_size) == (27000, 16)
+    assert (stats.prefix_query_tokens, stats.prefix_hit_tokens) == (1000.0, 600.0)
+
+
+def test_parse_vllm_metrics_retired_names_and_empty() -> None:
+    old = (
+        "# TYPE vllm:gpu_cache_usage_perc gauge\n"
+        'vllm:gpu_cache_usage_perc{model_name="m"} 0.5\n'
+        "# TYPE vllm:gpu_prefix_cache_hits counter\n"
+        'vllm:gpu_prefix_cache_hits_total{model_name="m"} 5\n'
+    )
+    stats = parse_vllm_metrics(old)
+    assert stats.kv_usage == 0.5 and stats.prefix_hit_tokens == 5
+    empty = parse_vllm_metrics("")
+    assert empty.running == 0 and empty.num_gpu_blocks is None
+
+
+def test_hop_by_hop_headers_are_dropped_both_ways() -> None:
+    incoming = CIMultiDictProxy(
+        CIMultiDict(
+            {
+                "Host": "router:8080",
+                "Connection": "keep-alive, X-Secret-Hop",
+                "Keep-Alive": "timeout=5",
+                "X-Secret-Hop": "drop me",
+                "Transfer-Encoding": "chunked",
+                "Content-Length": "12",
+                "Authorization": "Bearer sk-1",
+                "X-Session-Id": "s1",
+                "X-Forwarded-For": "10.0.0.1",
+            }
+        )
+    )
+    out = upstream_headers(incoming, "req-1", "10.0.0.2")
+    assert set(k.lower() for k in out) == {
+        "authorization",
+        "x-session-id",
+        "x-forwarded-for",
+        "x-request-id",
+    }
+    assert out["x-request-id"] == "req-1"
+    assert out["X-Forwarded-For"] == "10.0.0.1, 10.0.0.2"
+
+    upstream = CIMultiDictProxy(
+        CIMultiDict(
+            {
+                "Content-Type": "text/event-stream",
+                "Transfer-Encoding": "chunked",
+                "Date": "x",
+                "Server": "uvicorn",
+                "X-Request-Id": "theirs",
+                "X-Custom": "kept",
+            }
+        )
+    )
+    down = downstream_headers(upstream, "gpu-1", "req-1")
+    assert dict(down) == {
+        "Content-Type": "text/event-stream",
+        "X-Custom": "kept",
+        "x-fleet-replica": "gpu-1",
+        "x-request-id": "req-1",
+    }
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "param"),
+    [
+        ("completions", {}, "prompt"),
+        ("completions", {"prompt": 5}, "prompt"),
+        ("completions", {"prompt": []}, "prompt"),
+        ("completions", {"prompt": [1, "a"]}, "prompt"),
+        ("completions", {"prompt": "x", "model": 3}, "model"),
+        ("completions", {"prompt": "x", "stream": "yes"}, "stream"),
+        ("completions", {"prompt": "x", "max_tokens": "10"}, "max_tokens"),
+        ("completions", {"prompt": "x", "max_tokens": True}, "max_tokens"),
+        ("completions", {"prompt": "x", "temperature": "hot"}, "temperature"),
+        ("completions", {"prompt": "x", "user": 1}, "user"),
+        ("chat", {}, "messages"),
+        ("chat", {"messages": []}, "messages"),
+        ("chat", {"messages": "hi"}, "messages"),
+        ("chat", {"messages": ["hi"]}, "messages[0]"),
+        ("chat", {"messages": [{"content": "hi"}]}, "messages[0].role"),
+        ("chat", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        ("embeddings", {}, "input"),
+        ("tokenize", {}, "prompt"),
+        ("detokenize", {"tokens": ["a"]}, "tokens"),
+    ],
+)
+def test_validation_rejects_with_param(endpoint: str, body: dict[str, object], param: str) -> None:
+    with pytest.raises(BadRequest) as info:
+        validate(endpoint, body)
+    assert info.value.param == param
+    assert info.value.status == 400
+
+
+def test_validation_accepts_valid_shapes() -> None:
+    assert validate("completions", {"prompt": [[1, 2], [3]]}).stream is False
+    parsed = validate("chat", {"model": "m", "stream": True, "user": "u",
+                               "messages": [{"role": "assistant", "content": None}]})  # fmt: skip
+    assert (parsed.model, parsed.stream, parsed.user) == ("m", True, "u")
+    validate("tokenize", {"messages": [{"role": "user", "content": "x"}]})
+    validate("detokenize", {"tokens": [1, 2]})
+    validate("embeddings", {"input": ["a", "b"]})
+
+
+@pytest.mark.parametrize("raw", [b"", b"{", b"[1]", b'"s"', b"null", b"\xff"])
+def test_parse_json_object_rejects(raw: bytes) -> None:
+    with pytest.raises(BadRequest):
+        parse_json_object(raw)
