@@ -147,6 +147,8 @@ async def _client_sessions(app: web.Application) -> AsyncIterator[None]:
         # Bytes pass through untouched: never decompress, never ask for compression ourselves.
         auto_decompress=False,
         skip_auto_headers=("Accept-Encoding",),
+        # A proxy must not keep one client's cookies for the next (and it saves a jar lookup).
+        cookie_jar=aiohttp.DummyCookieJar(),
         timeout=aiohttp.ClientTimeout(total=None),
     )
     control_session = aiohttp.ClientSession(

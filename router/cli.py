@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import sys
 from collections.abc import Sequence
@@ -73,6 +74,10 @@ def serve(config: RouterConfig) -> None:
         )
 
     app.on_startup.append(_announce)
+    # Everything allocated so far lives as long as the process: keep it out of the collector's
+    # way (fewer, cheaper collections on the request path).
+    gc.collect()
+    gc.freeze()
     web.run_app(
         app,
         host=config.host,

@@ -9,6 +9,7 @@ The Grafana dashboard in deploy/ is built on these exact names: do not rename th
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -40,6 +41,9 @@ class RouterMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        # Labelled children looked up once: `labels()` costs microseconds on every request.
+        self._request_children: dict[tuple[str, str, int], Any] = {}
+        self._duration_children: dict[str, Any] = {}
 
         # --- requests ----------------------------------------------------------------------
         self.requests = Counter(
@@ -140,6 +144,18 @@ class RouterMetrics:
             registry=registry,
         )
 
+    def request_done(self, model: str, replica: str, status: int, duration_s: float) -> None:
+        """Count one answered request and its duration (labelled children cached: hot path)."""
+        key = (model, replica, status)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self.requests.labels(model, replica, str(status))
+        child.inc()
+        duration = self._duration_children.get(model)
+        if duration is None:
+            duration = self._duration_children[model] = self.request_duration.labels(model)
+        duration.observe(duration_s)
+
     def forget_replica(self, replica_id: str) -> None:
         """Drop the per-replica series of a replica removed from the fleet."""
         for gauge in (
@@ -154,5 +170,7 @@ class RouterMetrics:
         ):
             with contextlib.suppress(KeyError):
                 gauge.remove(replica_id)
+        for key in [k for k in self._request_children if k[1] == replica_id]:
+            del self._request_children[key]  # the requests_total series themselves stay
 
     # --- cache-aware routing metrics (added by the prefix-index helper) ------------------------

@@ -53,9 +53,9 @@ async def _serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         status = 499  # the client went away (nginx's convention)
         raise
     finally:
-        metrics = state.metrics
-        metrics.requests.labels(outcome.model, outcome.replica, str(status)).inc()
-        metrics.request_duration.labels(outcome.model).observe(loop.time() - outcome.started)
+        state.metrics.request_done(
+            outcome.model, outcome.replica, status, loop.time() - outcome.started
+        )
 
 
 async def completions(request: web.Request) -> web.StreamResponse:

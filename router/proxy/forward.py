@@ -24,6 +24,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from router.core import Lease, RouteContext, RoutingCore
 from router.errors import NoHealthyReplica, UpstreamError, UpstreamTimeout
@@ -134,6 +135,8 @@ class Proxy:
             total=None, connect=None, sock_connect=timeouts.connect_s, sock_read=None
         )
         self._ttft: dict[str, Any] = {}
+        # Parsed upstream URLs by (replica base URL, path): yarl parsing costs on every request.
+        self._urls: dict[tuple[str, str], URL] = {}
 
     async def forward(
         self,
@@ -202,10 +205,11 @@ class Proxy:
                 async with asyncio.timeout_at(total_deadline) as timer:
                     watchdog = _Watchdog(loop, timer, timeouts.first_byte_s)
                     upstream = await self._session.post(
-                        replica.url + path,
+                        self._url(replica.url, path),
                         data=body,
                         headers=headers,
                         timeout=self._client_timeout,
+                        allow_redirects=False,  # a 3xx is the client's to follow
                     )
                     status = upstream.status
                     if self._retry.retryable_status(status):
@@ -349,6 +353,15 @@ class Proxy:
         resp.force_close()
         if request.transport is not None:
             request.transport.close()
+
+    def _url(self, base: str, path: str) -> URL:
+        key = (base, path)
+        url = self._urls.get(key)
+        if url is None:
+            if len(self._urls) > 1024:  # paths with query strings could grow it without bound
+                self._urls.clear()
+            url = self._urls[key] = URL(base + path, encoded=True)
+        return url
 
     def _observe_ttft(self, model: str, seconds: float) -> None:
         child = self._ttft.get(model)
