@@ -29,7 +29,7 @@ from router.metrics import RouterMetrics
 from router.policies.base import Policy, RoutingRequest
 from router.policies.least_load import least_loaded
 from router.prefix.index import PrefixIndex
-from router.prefix.keys import routing_key_hashes
+from router.prefix.keys import Tokenizer, routing_key_hashes
 from router.prefix.units import KeyUnits
 
 __all__ = ["Endpoint", "Lease", "RouteContext", "RoutingCore"]
@@ -114,6 +114,7 @@ class RoutingCore:
         uses_prefix: bool,
         units: KeyUnits | None = None,
         prefix_index: PrefixIndex | None = None,
+        tokenizer: Tokenizer | None = None,
         retry_after_s: int = 1,
     ) -> None:
         self.fleet = fleet
@@ -125,6 +126,8 @@ class RoutingCore:
         self.prefix_index = (
             prefix_index if prefix_index is not None else (PrefixIndex() if uses_prefix else None)
         )
+        # Token mode (exact KV-event matching): prompts are tokenized locally before hashing.
+        self.tokenizer = tokenizer
         self.retry_after_s = retry_after_s
         # Capacity of each replica in index blocks (from vllm:cache_config_info), when known.
         self.capacity_blocks: dict[str, int | None] = {}
@@ -166,7 +169,9 @@ class RoutingCore:
         members = self.fleet.members(model)
         if endpoint in _ROUTED and self.uses_prefix:
             block_units = self.units.block_units
-            hashes, prompt_units = routing_key_hashes(endpoint, body, model, block_units)
+            hashes, prompt_units = routing_key_hashes(
+                endpoint, body, model, block_units, tokenizer=self.tokenizer
+            )
             request = RoutingRequest(
                 model=model,
                 block_hashes=hashes,
