@@ -51,6 +51,9 @@ class ReplicaView:
     # Prompt tokens this router has sent to the replica that are still being prefilled
     # (uncached part only); lets cost-based policies predict queueing for prefill.
     pending_prefill_tokens: int = 0
+    # Blocks the prefix index believes the replica holds (all models): how full its KV cache is,
+    # so a new prefix can be placed where it evicts least.
+    held_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,17 +6,25 @@ For each candidate *i* the predicted TTFT, in seconds, is
 
     queued_i   = pending_prefill_tokens_i                        our prompts still being prefilled
                + decode_tokens_per_request * max(in_flight_i, running_i + waiting_i)
-               + waiting_request_tokens * max(0, waiting_i - in_flight_i)   queued by others
-               + kv_full_penalty_tokens * max(0, kv_usage_i - kv_soft_limit) / (1 - kv_soft_limit)
+               + waiting_request_tokens * max(0, waiting_i - in_flight_i)
+               + kv_full_penalty_tokens * min(1, max(0, kv_usage_i - kv_soft_limit)
+                                                 / (1 - kv_soft_limit))
     uncached_i = prompt_tokens - matched_tokens_i                this request's prefill there
 
 Every term is in prefill-token equivalents, so the weights say "one running request costs as much
-as prefilling N tokens".  A replica holding the prompt's prefix wins while its queue is shorter
+as prefilling N tokens".  Our own requests are counted from the router's fresh state (in-flight,
+pending prefill tokens); the scraped `waiting` only adds what other routers queued there, whose
+sizes are unknown.  (A transient `waiting` of our own requests is normal in vLLM, which admits new
+requests at the next step: counting it again would make the choice jitter with the scrape.)
+
+A replica holding the prompt's prefix wins while its queue is shorter
 than the prefix it saves; when a hot prefix piles up on one replica, a cold replica becomes cheaper,
 receives the full prompt, and from then on holds the prefix too (a second home), so the hot prefix
 spreads without losing locality.  To keep locality when costs are close, the choice is made among
-the candidates within `locality_slack` of the best cost, preferring the longest match; remaining
-ties fall to a stable seeded hash (deterministic, no hidden state).
+the candidates within `locality_slack` of the best cost, preferring the longest match, then the
+emptiest cache (a new prefix goes where it evicts least, so prefixes spread evenly over the
+fleet), then the lowest cost; remaining ties fall to a stable seeded hash (deterministic, no
+hidden state).
 """
 
 from __future__ import annotations
@@ -48,7 +56,7 @@ class KvAwareSettings:
     prefill_s_per_token: float = 1.0 / 30_000
     # A request in flight slows every step it shares with a new prefill (decode interference).
     decode_tokens_per_request: float = 32.0
-    # A request queued at the replica that this router did not send (unknown size).
+    # A request queued at the replica that this router did not send (its size is unknown).
     waiting_request_tokens: float = 512.0
     # Above this KV usage, new sequences start to wait for memory or cause preemptions.
     kv_soft_limit: float = 0.85
@@ -103,6 +111,13 @@ def _queued_tokens(view: ReplicaView, s: KvAwareSettings) -> float:
 def _cost_tokens(request: RoutingRequest, view: ReplicaView, s: KvAwareSettings) -> float:
     uncached = _prompt_tokens(request) - matched_tokens(request, view.matched_blocks)
     return _queued_tokens(view, s) + max(0, uncached)
+
+
+def _fill(view: ReplicaView) -> float:
+    """How full the replica's cache is believed to be (0..1; raw blocks when capacity unknown)."""
+    if view.capacity_blocks:
+        return min(1.0, view.held_blocks / view.capacity_blocks)
+    return float(view.held_blocks)
 
 
 def predicted_ttft_s(request: RoutingRequest, view: ReplicaView, s: KvAwareSettings) -> float:
@@ -163,7 +178,7 @@ class KvAware:
         limit = best * (1.0 + s.locality_slack) + s.locality_slack_tokens
         seed = s.seed
         _, chosen = min(
-            ((-v.matched_blocks, c, tiebreak(seed, request, v.replica_id), i), v)
+            ((-v.matched_blocks, _fill(v), c, tiebreak(seed, request, v.replica_id), i), v)
             for i, (v, c) in enumerate(costs)
             if c <= limit
         )
