@@ -1,0 +1,42 @@
+"""Where shared fleet state lives: in this process (default) or in Redis.
+
+The request path only enqueues (``StateBackend.publish_*`` / ``record_*``); background tasks
+share the changes with other router instances and apply theirs to a ``StateSink``.
+"""
+
+from router.state.base import BackendStats, StateBackend, StateSink
+from router.state.memory import MemoryBackend, MemorySettings, MemoryStore
+from router.state.records import (
+    ChangeKind,
+    EvictionRecord,
+    HotPrefix,
+    IndexChange,
+    RegistryChange,
+    RegistryKind,
+    ReplicaCounters,
+)
+from router.state.redis_backend import RedisBackend, RedisSettings
+from router.state.schema import DEFAULT_KEY_PREFIX, KeySchema
+from router.state.snapshot import IndexSnapshot, SnapshotBuilder
+
+__all__ = [
+    "DEFAULT_KEY_PREFIX",
+    "BackendStats",
+    "ChangeKind",
+    "EvictionRecord",
+    "HotPrefix",
+    "IndexChange",
+    "IndexSnapshot",
+    "KeySchema",
+    "MemoryBackend",
+    "MemorySettings",
+    "MemoryStore",
+    "RedisBackend",
+    "RedisSettings",
+    "RegistryChange",
+    "RegistryKind",
+    "ReplicaCounters",
+    "SnapshotBuilder",
+    "StateBackend",
+    "StateSink",
+]
