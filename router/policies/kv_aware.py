@@ -22,9 +22,9 @@ than the prefix it saves; when a hot prefix piles up on one replica, a cold repl
 receives the full prompt, and from then on holds the prefix too (a second home), so the hot prefix
 spreads without losing locality.  To keep locality when costs are close, the choice is made among
 the candidates within `locality_slack` of the best cost, preferring the longest match, then the
-emptiest cache (a new prefix goes where it evicts least, so prefixes spread evenly over the
-fleet), then the lowest cost; remaining ties fall to a stable seeded hash (deterministic, no
-hidden state).
+lowest cost; when none of them holds any of the prompt, the emptiest cache wins instead (a new
+prefix goes where it evicts least, so prefixes spread evenly over the fleet).  Remaining ties
+fall to a stable seeded hash (deterministic, no hidden state).
 """
 
 from __future__ import annotations
@@ -177,9 +177,16 @@ class KvAware:
         best = min(c for _, c in costs)
         limit = best * (1.0 + s.locality_slack) + s.locality_slack_tokens
         seed = s.seed
-        _, chosen = min(
-            ((-v.matched_blocks, _fill(v), c, tiebreak(seed, request, v.replica_id), i), v)
-            for i, (v, c) in enumerate(costs)
-            if c <= limit
-        )
+        near = [(i, v, c) for i, (v, c) in enumerate(costs) if c <= limit]
+        if any(v.matched_blocks for _, v, _ in near):
+            # Locality: the longest match among the near-best, then the cheapest.
+            _, chosen = min(
+                ((-v.matched_blocks, c, tiebreak(seed, request, v.replica_id), i), v)
+                for i, v, c in near
+            )
+        else:
+            # A new prefix: place it where it evicts least, so prefixes spread evenly.
+            _, chosen = min(
+                ((_fill(v), c, tiebreak(seed, request, v.replica_id), i), v) for i, v, c in near
+            )
         return Decision(chosen.replica_id, decision_reason(chosen, candidates))
