@@ -8,7 +8,10 @@ streaming) it measures:
 - latency: sequential requests, targets interleaved (direct, fleet-router, sglang-router, ...),
   time to first body byte (TTFT) and to the last byte; "added" = router minus direct percentiles;
 - CPU: a closed loop at `--concurrency`; the router process's CPU time (utime + stime from
-  /proc/<pid>/stat) divided by the requests it proxied.
+  /proc/<pid>/stat) divided by the requests it proxied; median of `--rounds` alternating rounds.
+
+"aiohttp floor" is the least an aiohttp proxy can do (no routing, validation, metrics, timeouts,
+retries, header filtering): what fleet-router's own features cost is the difference to it.
 
     python benchmarks/proxy_overhead.py                # ~1-2 minutes on 2 cores
     python benchmarks/proxy_overhead.py --quick        # a smoke run
@@ -21,18 +24,57 @@ import asyncio
 import contextlib
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = Path(__file__).resolve()
+ROOT = SCRIPT.parents[1]
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def minimal_proxy(port: int, upstream: str) -> None:
+    """The floor: the least an aiohttp proxy can do (no routing, validation, metrics, timeouts,
+    retries or header filtering).  Run as `proxy_overhead.py --minimal-proxy PORT UPSTREAM`."""
+    from aiohttp import web
+
+    async def session_ctx(app: web.Application) -> AsyncIterator[None]:
+        app[SESSION] = aiohttp.ClientSession(
+            auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
+        )
+        yield
+        await app[SESSION].close()
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {"Content-Type": "application/json"}
+        async with request.app[SESSION].post(upstream + request.path, data=body,
+                                             headers=headers) as up:  # fmt: skip
+            resp = web.StreamResponse(
+                status=up.status, headers={"Content-Type": up.headers["Content-Type"]}
+            )
+            await resp.prepare(request)
+            async for chunk in up.content.iter_any():
+                await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+
+    SESSION = web.AppKey("session", aiohttp.ClientSession)
+    app = web.Application()
+    app.cleanup_ctx.append(session_ctx)
+    app.router.add_post("/v1/completions", handle)
+    import uvloop
+
+    loop = uvloop.new_event_loop()
+    asyncio.set_event_loop(loop)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, loop=loop)
 
 
 def free_port() -> int:
@@ -181,10 +223,11 @@ async def main() -> None:
     parser.add_argument("--tokens", type=int, default=16, help="output tokens per request")
     parser.add_argument("--policy", default="round_robin")
     parser.add_argument("--skip-sglang", action="store_true")
+    parser.add_argument("--rounds", type=int, default=3, help="CPU rounds per router")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
-        args.latency_requests, args.cpu_requests = 60, 300
+        args.latency_requests, args.cpu_requests, args.rounds = 60, 300, 1
 
     with processes() as procs:
         sim_port, fr_port = free_port(), free_port()
@@ -224,14 +267,24 @@ async def main() -> None:
                 except RuntimeError as exc:
                     sglang_note = f"sglang-router not measured: {exc}"
 
+        floor_port = free_port()
+        floor = start([sys.executable, str(SCRIPT), "--minimal-proxy",
+                       str(floor_port), sim_url])  # fmt: skip
+        procs.append(floor)
+        floor_target = Target("aiohttp floor", f"http://127.0.0.1:{floor_port}", floor.pid)
+        await wait_ready(floor_target.url, floor)
+        targets.append(floor_target)
+
         print(f"replica answers at once (time_scale 0), {args.tokens} output tokens, "
               f"policy {args.policy}; {os.cpu_count()} CPUs")  # fmt: skip
         if sglang_note:
             print(sglang_note)
-        for stream in (False, True):
-            mode = "streaming" if stream else "non-streaming"
-            payload = body(stream, args.tokens)
-            lat = await latency(targets, payload, args.latency_requests)
+        # Latency first (the replica is fresh), then CPU.  Streaming is measured twice: with
+        # `--tokens` (the replica bursts them out at once, so on a small machine the proxy is
+        # still busy forwarding the burst) and with one token (the first-chunk path alone).
+        for stream, tokens in ((False, args.tokens), (True, args.tokens), (True, 1)):
+            mode = f"streaming {tokens} tokens" if stream else f"non-streaming {tokens} tokens"
+            lat = await latency(targets, body(stream, tokens), args.latency_requests)
             d_ttft, d_total = lat["direct"]
             print(f"\n## {mode}: latency over {args.latency_requests} sequential requests (ms)")
             print("| target | TTFT p50 | TTFT p99 | total p50 | total p99 | added TTFT p50 | "
@@ -248,21 +301,34 @@ async def main() -> None:
                 ]  # fmt: skip
                 cells = [f"{v * 1e3:.3f}" for v in row] + added
                 print(f"| {t.name} | " + " | ".join(cells) + " |")
-            print(f"\n## {mode}: router CPU, {args.cpu_requests} requests, "
-                  f"concurrency {args.concurrency}")  # fmt: skip
-            print("| router | CPU µs / request | requests / s |")
-            print("|---|---|---|")
-            results = {}
-            for t in targets:
-                if t.pid is None:
-                    continue
-                us, rps = await cpu_per_request(t, payload, args.cpu_requests, args.concurrency)
-                results[t.name] = us
-                print(f"| {t.name} | {us:.0f} | {rps:.0f} |")
-            if "sglang-router" in results:
-                ratio = results["fleet-router"] / results["sglang-router"]
+        routers = [t for t in targets if t.pid is not None]
+        for stream in (False, True):
+            mode = "streaming" if stream else "non-streaming"
+            payload = body(stream, args.tokens)
+            cpu: dict[str, list[float]] = {t.name: [] for t in routers}
+            rate: dict[str, list[float]] = {t.name: [] for t in routers}
+            for _ in range(args.rounds):  # rounds alternate targets: drift hits all alike
+                for t in routers:
+                    us, rps = await cpu_per_request(t, payload, args.cpu_requests, args.concurrency)
+                    cpu[t.name].append(us)
+                    rate[t.name].append(rps)
+            print(f"\n## {mode}: router CPU, median of {args.rounds} rounds of "
+                  f"{args.cpu_requests} requests at concurrency {args.concurrency}")  # fmt: skip
+            print("| router | CPU µs / request | rounds | requests / s |")
+            print("|---|---|---|---|")
+            for t in routers:
+                rounds = ", ".join(f"{v:.0f}" for v in cpu[t.name])
+                print(f"| {t.name} | {statistics.median(cpu[t.name]):.0f} | {rounds} | "
+                      f"{statistics.median(rate[t.name]):.0f} |")  # fmt: skip
+            if "sglang-router" in cpu:
+                ratio = statistics.median(cpu["fleet-router"]) / statistics.median(
+                    cpu["sglang-router"]
+                )
                 print(f"\nfleet-router / sglang-router CPU per request: {ratio:.2f}")
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    if sys.argv[1:2] == ["--minimal-proxy"]:
+        minimal_proxy(int(sys.argv[2]), sys.argv[3])
+    else:
+        asyncio.run(main())
