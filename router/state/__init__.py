@@ -18,9 +18,12 @@ from router.state.records import (
 from router.state.redis_backend import RedisBackend, RedisSettings
 from router.state.schema import DEFAULT_KEY_PREFIX, KeySchema
 from router.state.snapshot import IndexSnapshot, SnapshotBuilder
+from router.state.sync import SharedFleet, StateSync
+from router.state.wiring import SHARED_STATE, make_backend, shared_state_context
 
 __all__ = [
     "DEFAULT_KEY_PREFIX",
+    "SHARED_STATE",
     "BackendStats",
     "ChangeKind",
     "EvictionRecord",
@@ -36,7 +39,11 @@ __all__ = [
     "RegistryChange",
     "RegistryKind",
     "ReplicaCounters",
+    "SharedFleet",
     "SnapshotBuilder",
     "StateBackend",
     "StateSink",
+    "StateSync",
+    "make_backend",
+    "shared_state_context",
 ]

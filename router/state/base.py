@@ -104,6 +104,14 @@ class StateBackend(ABC):
         add(replica_id, "prompt_tokens", prompt_tokens)
         add(replica_id, "predicted_hit_tokens", predicted_hit_tokens)
 
+    def record_eviction(self, replica_id: str, model: str, blocks: int) -> None:
+        """Count blocks this instance's index evicted for a replica (capacity LRU), with a record.
+
+        Only evictions caused by this instance's own decisions are recorded: each instance
+        mirrors the others' inserts and evicts likewise, and must not count those twice.
+        """
+        self._pending.add_eviction(replica_id, model, blocks, self.instance_id)
+
     def record_observed(self, replica_id: str, *, hit_tokens: int, query_tokens: int) -> None:
         """Count the replica's own prefix-cache hits/queries deltas, as scraped.
 

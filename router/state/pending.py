@@ -67,17 +67,20 @@ class PendingUpdates:
         self._changes.append(change)
         self.enqueued_changes += 1
         if isinstance(change, IndexChange) and change.kind is ChangeKind.EVICT:
-            blocks = len(change.block_hashes)
-            self._counters[(change.replica_id, "evicted_blocks")] += blocks
-            if len(self._evictions) >= self._max_evictions:
-                self.dropped += 1
-            else:
-                self._evictions.append(
-                    EvictionRecord(
-                        change.replica_id, change.model, blocks, origin, int(time.time() * 1000)
-                    )
-                )
+            self.add_eviction(change.replica_id, change.model, len(change.block_hashes), origin)
         self._on_ready()
+
+    def add_eviction(self, replica_id: str, model: str, blocks: int, origin: str) -> None:
+        """Count evicted blocks and keep a record for the recent-evictions stream."""
+        if blocks <= 0:
+            return
+        self._counters[(replica_id, "evicted_blocks")] += blocks
+        if len(self._evictions) >= self._max_evictions:
+            self.dropped += 1
+            return
+        self._evictions.append(
+            EvictionRecord(replica_id, model, blocks, origin, int(time.time() * 1000))
+        )
 
     def add_counter(self, replica_id: str, name: str, value: int) -> None:
         if value:
