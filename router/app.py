@@ -32,13 +32,21 @@ from router.http.openai import add_openai_routes
 from router.http.ops import add_ops_routes
 from router.metrics import RouterMetrics
 from router.policies import POLICIES, PolicySettings, make_policy
+from router.prefix.exact import ExactIndexer
+from router.prefix.index import IndexSettings, PrefixIndex
+from router.prefix.kv_events import KvEventConsumer
+from router.prefix.kv_spec import kv_event_sources
+from router.prefix.tokenizer import load_routing_tokenizer
 from router.prefix.units import KeyUnits
 from router.proxy.forward import Proxy
 from router.proxy.retry import ExponentialBackoff, RetryPolicy, Timeouts
 
-__all__ = ["STATE", "Gateway", "GatewayState", "create_app", "running_gateway"]
+__all__ = ["KV_EVENTS", "STATE", "Gateway", "GatewayState", "create_app", "running_gateway"]
 
 log = logging.getLogger("router")
+
+# Exact mode's KV-event consumer, when configured (prefix-index helper).
+KV_EVENTS = web.AppKey("fleet_router_kv_events", KvEventConsumer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,14 +78,30 @@ def create_app(config: RouterConfig) -> web.Application:
             seed=config.seed, block_units=config.block_units, options=config.policy_options
         ),
     )
+    # Prefix index, token mode and exact mode (prefix-index helper): see docs/routing.md.
+    uses_prefix = spec.uses_prefix if spec is not None else True
+    tokenizer = load_routing_tokenizer(config.tokenizer) if config.tokenizer else None
     core = RoutingCore(
         fleet=fleet,
         policy=policy,
         metrics=metrics,
-        uses_prefix=spec.uses_prefix if spec is not None else True,
-        units=KeyUnits(block_units=config.block_units),
+        uses_prefix=uses_prefix,
+        units=KeyUnits.token_mode(config.block_units)
+        if tokenizer is not None
+        else KeyUnits(block_units=config.block_units, units_per_token=config.chars_per_token),
+        prefix_index=PrefixIndex(
+            IndexSettings(
+                default_capacity_blocks=config.prefix_capacity_blocks,
+                max_blocks=config.prefix_max_blocks,
+            )
+        )
+        if uses_prefix or config.kv_events
+        else None,
+        tokenizer=tokenizer,
         retry_after_s=config.retry_after_s,
     )
+    if core.prefix_index is not None:
+        metrics.prefix.watch_index(core.prefix_index)
     fleet.observers.append(core)
     for replica_spec in config.replica_specs:
         fleet.add(replica_spec, source="static")
@@ -93,6 +117,7 @@ def create_app(config: RouterConfig) -> web.Application:
     app.cleanup_ctx.append(_embedded_sims)
     app.cleanup_ctx.append(_client_sessions)
     app.cleanup_ctx.append(_background_loops)
+    app.cleanup_ctx.append(_kv_events)
     app.on_shutdown.append(_start_draining)
     add_openai_routes(app)
     add_ops_routes(app)
@@ -219,6 +244,38 @@ async def _background_loops(app: web.Application) -> AsyncIterator[None]:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _kv_events(app: web.Application) -> AsyncIterator[None]:
+    """Exact mode: consume the configured replicas' KV events into the prefix index (after the
+    first health round, which discovered the model each replica serves)."""
+    state = app[STATE]
+    cfg = state.config
+    index = state.core.prefix_index
+    if not cfg.kv_events or index is None:
+        yield
+        return
+
+    def model_of(replica_id: str) -> str | None:
+        replica = state.fleet.get(replica_id)
+        if replica is not None and replica.models:
+            return sorted(replica.models)[0]
+        return cfg.models[0] if cfg.models else None
+
+    sources, skipped = kv_event_sources(cfg.kv_events, model_of)
+    if skipped:
+        log.warning("exact mode: no model known yet for %s; their KV events are not consumed",
+                    ", ".join(skipped))  # fmt: skip
+    consumer = KvEventConsumer(
+        ExactIndexer(index),
+        on_events=state.metrics.prefix.kv_events_applied,
+        on_gap=state.metrics.prefix.kv_event_gap,
+    )
+    async with consumer:
+        for source in sources:
+            consumer.add(source)
+        app[KV_EVENTS] = consumer
+        yield
 
 
 async def _every(interval_s: float, tick: Callable[[], Awaitable[None]], name: str) -> None:

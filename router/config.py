@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from router.errors import ConfigError
+from router.prefix.kv_spec import parse_kv_events_spec
 
 __all__ = [
     "ENV_PREFIX",
@@ -104,6 +105,31 @@ class RouterConfig:
     )
     block_units: int = field(
         default=64, metadata=_meta("prompt units (characters or tokens) per prefix block")
+    )
+    # --- prefix index, token mode, exact mode (prefix-index helper) ------------------------
+    chars_per_token: float = field(
+        default=4.0, metadata=_meta("characters per model token when prompts are cut by characters")
+    )
+    prefix_capacity_blocks: int = field(
+        default=1 << 16,
+        metadata=_meta("a replica's share of the prefix index until its KV capacity is scraped"),
+    )
+    prefix_max_blocks: int = field(
+        default=2_000_000, metadata=_meta("hard cap on prefix-index blocks (memory bound)")
+    )
+    tokenizer: str | None = field(
+        default=None,
+        metadata=_meta(
+            "token mode: local tokenizer.json (or 'sim') cutting prompts into --block-units tokens"
+        ),
+    )
+    kv_events: tuple[str, ...] = field(
+        default=(),
+        metadata=_meta(
+            "exact mode: REPLICA=ZMQ_ENDPOINT[,REPLAY_ENDPOINT] of a replica's KV events "
+            "(repeatable; needs --tokenizer)",
+            flag="--kv-events",
+        ),
     )
     # --- proxying --------------------------------------------------------------------------
     connect_timeout_s: float = field(default=2.0, metadata=_meta("upstream connect timeout"))
@@ -193,7 +219,7 @@ class RouterConfig:
 def _validate(cfg: RouterConfig) -> None:
     """The one place settings are checked, whatever their source."""
     # Tuples and mappings may arrive as lists/dicts from code or YAML: normalise in place.
-    for name in ("replicas", "models"):
+    for name in ("replicas", "models", "kv_events"):
         value = getattr(cfg, name)
         if isinstance(value, str) or not isinstance(value, Sequence):
             raise ConfigError(f"{name}: expected a list of strings, got {value!r}")
@@ -252,6 +278,21 @@ def _validate(cfg: RouterConfig) -> None:
         if spec.replica_id in ids:
             problems.append(f"replica id {spec.replica_id!r} appears twice")
         ids.add(spec.replica_id)
+    if not cfg.chars_per_token > 0:
+        problems.append(f"chars_per_token must be > 0, got {cfg.chars_per_token}")
+    for name in ("prefix_capacity_blocks", "prefix_max_blocks"):
+        if getattr(cfg, name) < 1:
+            problems.append(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.kv_events and cfg.tokenizer is None:
+        problems.append("kv_events (exact mode) needs --tokenizer: own hashes are over tokens")
+    for text in cfg.kv_events:
+        try:
+            source_id, _, _ = parse_kv_events_spec(text)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        if source_id not in ids:
+            problems.append(f"kv_events: {source_id!r} is not a configured replica id")
     if problems:
         raise ConfigError("invalid router settings: " + "; ".join(problems))
 

@@ -9,14 +9,23 @@ The Grafana dashboard in deploy/ is built on these exact names: do not rename th
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from router.prefix.index import IndexStats
 
 __all__ = [
     "DECISION_BUCKETS_S",
     "LATENCY_BUCKETS_S",
+    "MATCH_RATIO_BUCKETS",
     "TTFT_BUCKETS_S",
+    "PrefixMetrics",
     "RouterMetrics",
 ]
 
@@ -143,6 +152,8 @@ class RouterMetrics:
             ["replica"],
             registry=registry,
         )
+        # Prefix index / cache-aware routing: see `PrefixMetrics` at the end of this module.
+        self.prefix = PrefixMetrics(registry)
 
     def request_done(self, model: str, replica: str, status: int, duration_s: float) -> None:
         """Count one answered request and its duration (labelled children cached: hot path)."""
@@ -172,5 +183,137 @@ class RouterMetrics:
                 gauge.remove(replica_id)
         for key in [k for k in self._request_children if k[1] == replica_id]:
             del self._request_children[key]  # the requests_total series themselves stay
+        self.prefix.forget_replica(replica_id)
 
     # --- cache-aware routing metrics (added by the prefix-index helper) ------------------------
+
+
+# === prefix index / cache-aware routing (owned by the prefix-index helper) =====================
+
+# Fraction of a prompt's tokens the chosen replica was predicted to hold.
+MATCH_RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+
+
+class _IndexStatsSource(Protocol):
+    def stats(self) -> IndexStats: ...
+
+
+class _IndexCollector(Collector):
+    """Reads the prefix index's size at scrape time (no bookkeeping on the hot path)."""
+
+    def __init__(self, index: _IndexStatsSource) -> None:
+        self._index = index
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # dynamic label sets: nothing to pre-declare
+
+    def collect(self) -> Iterable[Metric]:
+        stats = self._index.stats()
+        blocks = GaugeMetricFamily(
+            _P + "index_blocks", "Blocks in the prefix index, by model", labels=["model"]
+        )
+        for model, count in sorted(stats.blocks_by_model.items()):
+            blocks.add_metric([model], count)
+        yield blocks
+        yield GaugeMetricFamily(
+            _P + "index_bytes",
+            "Approximate memory of the prefix index (measured bytes per block x blocks)",
+            value=stats.approx_bytes,
+        )
+        evictions = CounterMetricFamily(
+            _P + "index_evictions",
+            "Blocks evicted from the index per replica (its KV capacity, or the global cap)",
+            labels=["replica"],
+        )
+        for replica, count in sorted(stats.evictions.items()):
+            evictions.add_metric([replica], count)
+        yield evictions
+        held = GaugeMetricFamily(
+            _P + "index_replica_blocks",
+            "Blocks the prefix index believes each replica holds",
+            labels=["replica"],
+        )
+        for replica, count in sorted(stats.held_blocks.items()):
+            held.add_metric([replica], count)
+        yield held
+
+
+class PrefixMetrics:
+    """Predicted vs observed cache hits, index size, match ratio and KV-event consumption.
+
+    The router's *predicted* hit and prompt tokens per replica sit beside the scraped
+    `fleet_router_replica_observed_hit_tokens` / `..._observed_query_tokens`, so a dashboard can
+    divide one by the other and see how well the index mirrors each replica's cache.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+        self._collector: _IndexCollector | None = None
+        self._kv_event_labels: set[tuple[str, str]] = set()
+        self.predicted_hit_tokens = Counter(
+            _P + "predicted_hit_tokens",
+            "Prompt tokens the router predicted the chosen replica had cached",
+            ["replica"],
+            registry=registry,
+        )
+        self.predicted_prompt_tokens = Counter(
+            _P + "predicted_prompt_tokens",
+            "Prompt tokens (router estimate) of requests routed to the replica",
+            ["replica"],
+            registry=registry,
+        )
+        self.match_ratio = Histogram(
+            _P + "match_ratio",
+            "Predicted cached fraction of each routed prompt on the chosen replica",
+            ["policy"],
+            buckets=MATCH_RATIO_BUCKETS,
+            registry=registry,
+        )
+        self.kv_events = Counter(
+            _P + "kv_events",
+            "KV-cache events applied to the index in exact mode, by replica and event type",
+            ["replica", "type"],
+            registry=registry,
+        )
+        self.kv_event_gaps = Counter(
+            _P + "kv_event_gaps",
+            "Jumps in a replica's KV-event sequence numbers (missed batches)",
+            ["replica"],
+            registry=registry,
+        )
+
+    def watch_index(self, index: _IndexStatsSource) -> None:
+        """Export `index`'s size and evictions (read at each scrape)."""
+        if self._collector is None:
+            self._collector = _IndexCollector(index)
+            self._registry.register(self._collector)
+
+    def observe_route(self, policy: str, replica: str, prompt_tokens: int, hit_tokens: int) -> None:
+        """One routed request: its predicted hit on the chosen replica."""
+        if prompt_tokens <= 0:
+            return
+        hit = min(hit_tokens, prompt_tokens)
+        self.predicted_hit_tokens.labels(replica).inc(hit)
+        self.predicted_prompt_tokens.labels(replica).inc(prompt_tokens)
+        self.match_ratio.labels(policy).observe(hit / prompt_tokens)
+
+    def kv_events_applied(self, replica: str, kind: str, count: int) -> None:
+        self._kv_event_labels.add((replica, kind))
+        self.kv_events.labels(replica, kind).inc(count)
+
+    def kv_event_gap(self, replica: str, missed: int) -> None:
+        self.kv_event_gaps.labels(replica).inc()
+
+    def forget_replica(self, replica_id: str) -> None:
+        """Drop a removed replica's series."""
+        for counter in (
+            self.predicted_hit_tokens,
+            self.predicted_prompt_tokens,
+            self.kv_event_gaps,
+        ):
+            with contextlib.suppress(KeyError):
+                counter.remove(replica_id)
+        for labels in [k for k in self._kv_event_labels if k[0] == replica_id]:
+            self._kv_event_labels.discard(labels)
+            with contextlib.suppress(KeyError):
+                self.kv_events.remove(*labels)

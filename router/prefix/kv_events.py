@@ -25,6 +25,7 @@ import zmq.asyncio
 
 from router.prefix.exact import ExactIndexer
 from router.prefix.kv_decode import KvDecodeError, decode_batch, decode_seq
+from router.prefix.kv_spec import KvEventSource
 
 __all__ = ["KvEventConsumer", "KvEventSource", "KvEventStats"]
 
@@ -33,17 +34,6 @@ log = logging.getLogger(__name__)
 # (replica_id, event type, count) and (replica_id, missed batches)
 EventHook = Callable[[str, str, int], None]
 GapHook = Callable[[str, int], None]
-
-
-@dataclass(frozen=True, slots=True)
-class KvEventSource:
-    """Where one replica publishes its KV events (vLLM's `--kv-events-config`)."""
-
-    replica_id: str
-    endpoint: str  # e.g. tcp://10.0.0.5:5557 (the router connects its SUB socket there)
-    model: str  # the model name requests use for this replica
-    replay_endpoint: str | None = None
-    topic: str = "kv-events"
 
 
 @dataclass(slots=True)
