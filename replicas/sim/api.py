@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import math
+import random
 import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -834,8 +835,6 @@ def embedding_vector(
     token_ids: Sequence[int], dim: int, hash64: Callable[[bytes], int]
 ) -> list[float]:
     """A deterministic unit vector for a token sequence (no meaning, only reproducibility)."""
-    import random
-
     rng = random.Random(hash64(struct.pack(f"<{len(token_ids)}q", *token_ids)))
     values = [rng.gauss(0.0, 1.0) for _ in range(dim)]
     norm = math.sqrt(sum(v * v for v in values)) or 1.0
