@@ -5,7 +5,8 @@ Everything about a decision happens here, in one place, with no HTTP in sight:
 1. `prepare()` builds the `RoutingRequest` once (block hashes via `routing_key_hashes` when the
    policy uses prefixes) and looks the prefix index up once.
 2. `choose()` snapshots the healthy candidates as `ReplicaView`s (matched blocks filled in), asks
-   the policy, and counts the decision.  Retries call it again with the replicas already tried
+   the policy, and counts the decision (views also carry capacity, pending prefill and the
+   blocks the index believes each replica holds).  Retries call it again with the replicas already tried
    excluded; the request and its prefix matches are reused.
 3. `start()` applies the side effects of sending a request to a replica and returns a `Lease`:
    in-flight +1, prefix-index insert, pending prefill.  `Lease.close()` undoes the load on every
@@ -203,11 +204,13 @@ class RoutingCore:
         matches = ctx.matches
         capacity = self.capacity_blocks
         pending = self.pending_prefill_tokens
+        index = self.prefix_index if ctx.by_policy else None
         views = [
             r.view(
                 matches.get(r.replica_id, 0),
                 capacity.get(r.replica_id),
                 pending.get(r.replica_id, 0),
+                index.holds(r.replica_id) if index is not None else 0,
             )
             for r in candidates
         ]
@@ -245,6 +248,13 @@ class RoutingCore:
         if request.prompt_tokens:
             matched = ctx.matches.get(replica.replica_id, 0)
             uncached = max(0, request.prompt_tokens - self.units.blocks_to_tokens(matched))
+            if ctx.by_policy:  # predicted hit vs prompt tokens (prefix-index helper's metrics)
+                self.metrics.prefix.observe_route(
+                    self.policy.name,
+                    replica.replica_id,
+                    request.prompt_tokens,
+                    request.prompt_tokens - uncached,
+                )
             if uncached:
                 lease._pending = uncached
                 rid = replica.replica_id

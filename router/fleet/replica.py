@@ -80,6 +80,7 @@ class Replica:
         matched_blocks: int = 0,
         capacity_blocks: int | None = None,
         pending_prefill_tokens: int = 0,
+        held_blocks: int = 0,
     ) -> ReplicaView:
         """An immutable snapshot for a policy."""
         stats = self.stats
@@ -92,6 +93,7 @@ class Replica:
             capacity_blocks=capacity_blocks,
             matched_blocks=matched_blocks,
             pending_prefill_tokens=pending_prefill_tokens,
+            held_blocks=held_blocks,
         )
 
     def describe(self) -> dict[str, Any]:
