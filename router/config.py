@@ -178,6 +178,18 @@ class RouterConfig:
     retry_after_s: int = field(
         default=1, metadata=_meta("Retry-After seconds sent with 503 no-healthy-replica")
     )
+    # --- shared state and worker processes (shared-state helper; see docs/redis.md) -------
+    redis_url: str | None = field(
+        default=None,
+        metadata=_meta("share fleet state between router instances through this Redis"),
+    )
+    redis_prefix: str = field(
+        default="fleet-router:", metadata=_meta("prefix of every Redis key this router uses")
+    )
+    workers: int = field(
+        default=1,
+        metadata=_meta("router processes on one port (SO_REUSEPORT); > 1 needs --redis-url"),
+    )
     # --- admin, lifecycle ------------------------------------------------------------------
     admin_token: str | None = field(
         default=None,
@@ -293,6 +305,23 @@ def _validate(cfg: RouterConfig) -> None:
             continue
         if source_id not in ids:
             problems.append(f"kv_events: {source_id!r} is not a configured replica id")
+    if cfg.redis_url is not None and not cfg.redis_url.startswith(
+        ("redis://", "rediss://", "unix://")
+    ):
+        problems.append(
+            f"redis_url must start with redis://, rediss:// or unix://: {cfg.redis_url}"
+        )
+    if not cfg.redis_prefix:
+        problems.append("redis_prefix must not be empty")
+    if cfg.workers < 1:
+        problems.append(f"workers must be >= 1, got {cfg.workers}")
+    elif cfg.workers > 1 and cfg.redis_url is None:
+        problems.append(
+            f"workers = {cfg.workers} needs --redis-url: without shared state each process would "
+            "route on its own view of the fleet"
+        )
+    elif cfg.workers > 1 and cfg.embedded_sim_replicas:
+        problems.append("workers > 1 needs --replica: each process would start its own sim fleet")
     if problems:
         raise ConfigError("invalid router settings: " + "; ".join(problems))
 

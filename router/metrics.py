@@ -27,6 +27,7 @@ __all__ = [
     "TTFT_BUCKETS_S",
     "PrefixMetrics",
     "RouterMetrics",
+    "StateBackendCollector",
 ]
 
 # Request latency: from a few ms (cached, short answers) to many minutes (long generations).
@@ -154,6 +155,14 @@ class RouterMetrics:
         )
         # Prefix index / cache-aware routing: see `PrefixMetrics` at the end of this module.
         self.prefix = PrefixMetrics(registry)
+        # Shared-state backend: see `StateBackendCollector` at the end of this module.
+        self._state_backend: StateBackendCollector | None = None
+
+    def watch_state_backend(self, backend: _StateBackendSource) -> None:
+        """Export the state backend's health and counters (read at each scrape)."""
+        if self._state_backend is None:
+            self._state_backend = StateBackendCollector(backend)
+            self.registry.register(self._state_backend)
 
     def request_done(self, model: str, replica: str, status: int, duration_s: float) -> None:
         """Count one answered request and its duration (labelled children cached: hot path)."""
@@ -317,3 +326,84 @@ class PrefixMetrics:
             self._kv_event_labels.discard(labels)
             with contextlib.suppress(KeyError):
                 self.kv_events.remove(*labels)
+
+
+# === state backend (owned by the shared-state helper; see docs/redis.md) ========================
+
+
+class _BackendStatsSource(Protocol):
+    up: bool
+    is_leader: bool
+    published_changes: int
+    applied_changes: int
+    failed_writes: int
+    failed_reads: int
+    resyncs: int
+    snapshots_written: int
+    snapshots_loaded: int
+
+
+class _StateBackendSource(Protocol):
+    @property
+    def kind(self) -> str: ...
+    @property
+    def stats(self) -> _BackendStatsSource: ...
+    @property
+    def dropped_updates(self) -> int: ...
+    @property
+    def pending_changes(self) -> int: ...
+
+
+class StateBackendCollector(Collector):
+    """Reads the state backend's plain counters at scrape time: nothing on the request path."""
+
+    def __init__(self, backend: _StateBackendSource) -> None:
+        self._backend = backend
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # dynamic label values: nothing to pre-declare
+
+    def collect(self) -> Iterable[Metric]:
+        b = self._backend
+        s = b.stats
+        kind = [b.kind]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(_P + name, doc, labels=["backend"])
+            family.add_metric(kind, value)
+            return family
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(_P + name, doc, labels=["backend"])
+            family.add_metric(kind, value)
+            return family
+
+        yield gauge("state_backend_up", "1 when the shared-state backend answers", int(s.up))
+        yield gauge(
+            "state_backend_leader", "1 on the instance holding the leader lease", int(s.is_leader)
+        )
+        yield gauge("state_pending_changes", "Changes queued, not yet written", b.pending_changes)
+        yield counter(
+            "state_dropped_updates",
+            "Shared-state updates thrown away because a queue was full",
+            b.dropped_updates,
+        )
+        yield counter(
+            "state_published_changes", "Index/registry changes written", s.published_changes
+        )
+        yield counter(
+            "state_applied_changes", "Other instances' changes applied here", s.applied_changes
+        )
+        yield counter("state_resyncs", "Re-syncs after a gap in the change stream", s.resyncs)
+        errors = CounterMetricFamily(
+            _P + "state_errors", "Failed shared-state calls", labels=["backend", "op"]
+        )
+        errors.add_metric([b.kind, "read"], s.failed_reads)
+        errors.add_metric([b.kind, "write"], s.failed_writes)
+        yield errors
+        snapshots = CounterMetricFamily(
+            _P + "state_snapshots", "Index snapshots written or loaded", labels=["backend", "op"]
+        )
+        snapshots.add_metric([b.kind, "written"], s.snapshots_written)
+        snapshots.add_metric([b.kind, "loaded"], s.snapshots_loaded)
+        yield snapshots
