@@ -40,6 +40,7 @@ from router.prefix.tokenizer import load_routing_tokenizer
 from router.prefix.units import KeyUnits
 from router.proxy.forward import Proxy
 from router.proxy.retry import ExponentialBackoff, RetryPolicy, Timeouts
+from router.state import SHARED_STATE, SharedFleet, StateSync, make_backend, shared_state_context
 
 __all__ = ["KV_EVENTS", "STATE", "Gateway", "GatewayState", "create_app", "running_gateway"]
 
@@ -65,7 +66,7 @@ class Gateway:
 def create_app(config: RouterConfig) -> web.Application:
     """A gateway application for `config` (start it with any aiohttp runner)."""
     metrics = RouterMetrics(CollectorRegistry(auto_describe=True))
-    fleet = Fleet(
+    fleet = SharedFleet(  # a Fleet whose admin changes are shared (router.state)
         metrics=metrics,
         circuit_factory=lambda: CircuitBreaker(
             config.circuit_failure_threshold, config.circuit_open_s, config.circuit_half_open_trials
@@ -103,6 +104,11 @@ def create_app(config: RouterConfig) -> web.Application:
     if core.prefix_index is not None:
         metrics.prefix.watch_index(core.prefix_index)
     fleet.observers.append(core)
+    # Shared fleet state: in-process, or Redis with --redis-url (docs/redis.md).
+    sync = StateSync(make_backend(config.redis_url, config.redis_prefix), core, fleet)
+    core.state_sync = fleet.sync = sync
+    fleet.observers.append(sync)
+    metrics.watch_state_backend(sync.backend)
     for replica_spec in config.replica_specs:
         fleet.add(replica_spec, source="static")
 
@@ -114,7 +120,11 @@ def create_app(config: RouterConfig) -> web.Application:
         handler_args={"handler_cancellation": True},
     )
     app[STATE] = GatewayState(config=config, metrics=metrics, fleet=fleet, core=core)
+    app[SHARED_STATE] = sync
     app.cleanup_ctx.append(_embedded_sims)
+    # After the sims (they are replicas to sync about), before the first health round (replicas
+    # added on other instances get probed with the rest); stopped after the loops, so it flushes.
+    app.cleanup_ctx.append(shared_state_context)
     app.cleanup_ctx.append(_client_sessions)
     app.cleanup_ctx.append(_background_loops)
     app.cleanup_ctx.append(_kv_events)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from router.errors import BadRequest, NoHealthyReplica, UnknownModel
 from router.fleet.registry import Fleet
@@ -32,6 +32,9 @@ from router.policies.least_load import least_loaded
 from router.prefix.index import PrefixIndex
 from router.prefix.keys import Tokenizer, routing_key_hashes
 from router.prefix.units import KeyUnits
+
+if TYPE_CHECKING:
+    from router.state.sync import StateSync
 
 __all__ = ["Endpoint", "Lease", "RouteContext", "RoutingCore"]
 
@@ -130,6 +133,9 @@ class RoutingCore:
         # Token mode (exact KV-event matching): prompts are tokenized locally before hashing.
         self.tokenizer = tokenizer
         self.retry_after_s = retry_after_s
+        # Shared fleet state (router.state): told of every routed and completed request; it only
+        # enqueues, never waits on Redis.  Set by the app after construction.
+        self.state_sync: StateSync | None = None
         # Capacity of each replica in index blocks (from vllm:cache_config_info), when known.
         self.capacity_blocks: dict[str, int | None] = {}
         # Uncached prompt tokens sent to each replica whose prefill has not finished yet.
@@ -245,6 +251,10 @@ class RoutingCore:
         request = ctx.request
         if ctx.by_policy and request.block_hashes and self.prefix_index is not None:
             self.prefix_index.insert(request.model, request.block_hashes, replica.replica_id)
+        if ctx.by_policy and self.state_sync is not None:
+            self.state_sync.routed(
+                request, replica.replica_id, ctx.matches.get(replica.replica_id, 0)
+            )
         if request.prompt_tokens:
             matched = ctx.matches.get(replica.replica_id, 0)
             uncached = max(0, request.prompt_tokens - self.units.blocks_to_tokens(matched))
@@ -289,6 +299,8 @@ class RoutingCore:
                 and self.fleet.get(replica.replica_id) is replica  # not removed meanwhile
             ):
                 self.prefix_index.refresh(request.model, request.block_hashes, replica.replica_id)
+                if self.state_sync is not None:
+                    self.state_sync.completed(request, replica.replica_id)
         elif verdict is False:
             circuit.record_failure()
         elif trial:
