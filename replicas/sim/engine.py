@@ -85,6 +85,9 @@ class StepResult:
     num_prefill_tokens: int
     num_decode_tokens: int
     preempted: tuple[str, ...]
+    # Requests scheduled for the first time in this step (vLLM's first SCHEDULED event): their
+    # queue time ends at the step's start. A preempted request re-admitted later is not repeated.
+    scheduled: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +163,8 @@ class StepSummary:
 
     ``first_tokens``: requests whose prefill completed and produced a token this step;
     ``decode_steps_before``/``decoded``: the decode-step counter before the step and whether
-    every decoding request produced a token; ``finished``/``preempted``: requests that left.
+    every decoding request produced a token; ``finished``/``preempted``: requests that left;
+    ``scheduled``: requests scheduled for the first time.
     """
 
     __slots__ = (
@@ -173,6 +177,7 @@ class StepSummary:
         "num_prefill_tokens",
         "outputs",
         "preempted",
+        "scheduled",
     )
 
     def __init__(self) -> None:
@@ -184,6 +189,7 @@ class StepSummary:
         self.first_tokens: list[RequestState] = []
         self.finished: list[RequestState] = []
         self.preempted: list[RequestState] = []
+        self.scheduled: list[RequestState] = []
         self.outputs: list[RequestOutput] = []
 
 
@@ -224,6 +230,7 @@ class Engine:
         self._num_preemptions = 0
         self._prompt_tokens = 0
         self._generation_tokens = 0
+        self._first_scheduled: list[RequestState] = []  # the current step's (see _run_step)
 
     # --- public API -----------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> None:
@@ -299,6 +306,7 @@ class Engine:
             num_prefill_tokens=s.num_prefill_tokens,
             num_decode_tokens=s.num_decode_tokens,
             preempted=tuple(r.request_id for r in s.preempted),
+            scheduled=tuple(r.request_id for r in s.scheduled),
         )
 
     def step_summary(self) -> StepSummary:
@@ -365,6 +373,7 @@ class Engine:
         s.decode_steps_before = self._decode_steps
         chunks: list[tuple[RequestState, int]] = []
         preempted = s.preempted
+        self._first_scheduled = s.scheduled  # `_start` records first admissions here
         if self._static:
             decode_now = self._schedule_static(chunks)
         elif self.config.enable_chunked_prefill:
@@ -574,6 +583,7 @@ class Engine:
         req.num_stored = hit // self._bs
         if not req.scheduled:
             req.scheduled = True
+            self._first_scheduled.append(req)
             req.num_cached_tokens = hit
             self._prefix_queries += req.prompt_len + req.num_generated
             self._prefix_hits += hit

@@ -237,13 +237,18 @@ class SimMetrics:
         if scheduled is None:  # never reached the GPU: all of its life was queueing
             self.queue.observe(now_s - stream.arrival_s)
             return
-        self.queue.observe(max(0.0, scheduled - stream.arrival_s))
-        self.inference.observe(max(0.0, now_s - scheduled))
-        first = stream.first_token_s
-        if first is not None:
-            self.prefill.observe(max(0.0, first - scheduled))
-            self.decode.observe(max(0.0, now_s - first))
-            if stream.num_output_tokens > 1 and stream.last_token_s is not None:
-                self.tpot.observe((stream.last_token_s - first) / (stream.num_output_tokens - 1))
+        # vLLM's intervals (vllm/v1/metrics/stats.py): queue = first SCHEDULED - QUEUED;
+        # prefill = first token - first SCHEDULED; decode = last token - first token;
+        # inference = last token - first SCHEDULED (preemptions count inside them).
+        self.queue.observe(scheduled - stream.arrival_s)
+        first, last = stream.first_token_s, stream.last_token_s
+        if first is not None and last is not None:
+            self.inference.observe(last - scheduled)
+            self.prefill.observe(first - scheduled)
+            self.decode.observe(last - first)
+            if stream.num_output_tokens > 1:
+                self.tpot.observe((last - first) / (stream.num_output_tokens - 1))
+        else:  # ended (aborted) before its first token: no prefill or decode interval
+            self.inference.observe(now_s - scheduled)
         self.prompt_tokens.observe(stream.num_prompt_tokens)
         self.generation_tokens.observe(stream.num_output_tokens)

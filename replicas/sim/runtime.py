@@ -181,7 +181,6 @@ class EngineRuntime:
         self._after_step = after_step
         self._max_catch_up_s = max_catch_up_s
         self._streams: dict[str, RequestStream] = {}
-        self._unscheduled: dict[str, RequestStream] = {}  # submitted, not yet admitted
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -219,14 +218,12 @@ class EngineRuntime:
         loop = asyncio.get_running_loop()
         stream = RequestStream(request.request_id, len(request.prompt_token_ids), loop.time())
         self._streams[request.request_id] = stream
-        self._unscheduled[request.request_id] = stream
         self._wake.set()
         return stream
 
     def finish(self, request_id: str, reason: str) -> None:
         """End a request early (a stop string matched, the client left): frees its KV blocks."""
         stream = self._streams.pop(request_id, None)
-        self._unscheduled.pop(request_id, None)
         self.engine.abort_request(request_id)
         if stream is None or stream.finished:
             return
@@ -258,8 +255,8 @@ class EngineRuntime:
                 continue
             step_start = deadline
             result = engine.step()
-            if self._unscheduled:
-                self._mark_scheduled(step_start)
+            if result.scheduled:
+                self._mark_scheduled(result.scheduled, step_start)
             modelled_s = result.duration_s * self.time_scale
             deadline += modelled_s
             now = loop.time()
@@ -280,13 +277,15 @@ class EngineRuntime:
             last_delivery = now
             self._deliver(result, now)
 
-    def _mark_scheduled(self, step_start: float) -> None:
-        # The engine reports tokens, not admissions: a request that left the waiting queue in
-        # this step was scheduled at its start (queue time = that minus arrival, as in vLLM).
-        waiting = set(self.engine.request_ids_waiting())
-        for request_id in [r for r in self._unscheduled if r not in waiting]:
-            stream = self._unscheduled.pop(request_id)
-            stream.first_scheduled_s = step_start
+    def _mark_scheduled(self, request_ids: tuple[str, ...], step_start: float) -> None:
+        # vLLM's SCHEDULED event: the step that first admits a request starts its prefill. When
+        # the loop runs late, a request may have arrived after its step's modelled start; its
+        # queue time is then zero rather than negative.
+        streams = self._streams
+        for request_id in request_ids:
+            stream = streams.get(request_id)
+            if stream is not None:
+                stream.first_scheduled_s = max(step_start, stream.arrival_s)
 
     def _deliver(self, result: StepResult, now: float) -> None:
         observer = self._observer

@@ -147,6 +147,54 @@ def test_step_and_step_summary_agree() -> None:
     assert a.stats() == b.stats()
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"num_gpu_blocks": 40},  # preempts: a re-admitted request is not scheduled "again"
+        {"enable_chunked_prefill": False},
+        {"scheduling": "static", "max_num_seqs": 3},
+    ],
+)
+def test_scheduled_lists_each_request_once_in_its_admission_step(config: dict[str, object]) -> None:
+    engine = make(**config)
+    rng = random.Random(7)
+    for i in range(24):
+        p = tuple(rng.randrange(500) for _ in range(rng.randint(1, 150)))
+        engine.add_request(EngineRequest(f"r{i}", p, rng.randint(1, 40), seed=i))
+    seen: list[str] = []
+    first_output: dict[str, int] = {}
+    preempted = False
+    step_no = 0
+    while engine.has_unfinished():
+        waiting_before = set(engine.request_ids_waiting())
+        result = engine.step()
+        step_no += 1
+        preempted |= bool(result.preempted)
+        for rid in result.scheduled:
+            assert rid in waiting_before  # it was queued when the step began
+            assert rid in engine.request_ids_running() or any(
+                o.request_id == rid and o.finished for o in result.outputs
+            )
+        seen.extend(result.scheduled)
+        for out in result.outputs:
+            first_output.setdefault(out.request_id, step_no)
+        assert set(first_output) <= set(seen)  # no token before admission
+    assert sorted(seen) == sorted(f"r{i}" for i in range(24))  # each exactly once
+    assert preempted or "num_gpu_blocks" not in config
+    # FCFS: admission order is arrival order (preempted requests do not reappear)
+    assert seen == [f"r{i}" for i in range(24)]
+
+
+def test_step_summary_reports_the_same_admissions() -> None:
+    a, b = make(num_gpu_blocks=48), make(num_gpu_blocks=48)
+    for engine in (a, b):
+        for i in range(20):
+            engine.add_request(EngineRequest(f"r{i}", prompt(40 + 7 * i, i), 5 + 11 * i % 50))
+    while a.has_unfinished():
+        full, summary = a.step(), b.step_summary()
+        assert full.scheduled == tuple(r.request_id for r in summary.scheduled)
+
+
 # --- scheduling ---------------------------------------------------------------------------------
 def test_continuous_decodes_first_then_chunks_prefills_within_budget() -> None:
     engine = make(max_num_batched_tokens=100, max_num_seqs=4)
