@@ -7,8 +7,8 @@ replicas' own counters (vllm:prefix_cache_hits / queries deltas), load from thei
 counters.  The "oracle" is the same workload on one replica with ample KV: the best hit rate any
 router could reach.
 
-    python benchmarks/routing_quality.py                # full run, prints a table
-    python benchmarks/routing_quality.py --quick        # the integration test's scale
+    python benchmarks/routing_quality.py                  # both scenarios, all policies
+    python benchmarks/routing_quality.py --sglang-python /path/venv/bin/python   # + sglang-router
 
 The integration tests (tests/integration/test_cache_routing.py) call `measure` at a small scale.
 """
@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from prometheus_client import generate_latest
 from rich.console import Console
 
 from loadtest.drivers import DriverConfig
@@ -87,7 +88,8 @@ class PolicyResult:
         shares = "/".join(str(n) for n in self.per_replica_requests.values())
         goodput = "-" if self.goodput_rps is None else f"{self.goodput_rps:.1f}"
         return (
-            f"{self.policy:<12} hit {self.hit_rate:6.3f}  load max/mean {self.max_over_mean_load:4.2f}"
+            f"{self.policy:<12} hit {self.hit_rate:6.3f}"
+            f"  load max/mean {self.max_over_mean_load:4.2f}"
             f" ({shares})  TTFT p50 {self.ttft_p50_ms:7.1f} ms p99 {self.ttft_p99_ms:7.1f} ms"
             f"  goodput {goodput} req/s  ok {self.completed} failed {self.failed}"
         )
@@ -127,7 +129,51 @@ def _decisions(text: str) -> dict[str, float]:
     return out
 
 
-async def measure(policy: str, spec: FleetSpec, *, oracle: bool = False) -> PolicyResult:
+@contextlib.asynccontextmanager
+async def _sglang_router(python: str, urls: Sequence[str]) -> AsyncIterator[str]:
+    """SGLang's router (pip sglang-router, in the venv of `python`) in front of `urls`."""
+    import os
+    import socket
+
+    def free_port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+
+    port, metrics_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # never download anything
+    proc = await asyncio.create_subprocess_exec(
+        python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+        "--policy", "cache_aware", "--worker-urls", *urls, "--log-level", "warn",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, env=env,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as http:
+            for _ in range(300):
+                try:
+                    async with http.get(url + "/v1/models") as resp:
+                        if resp.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.1)
+            else:
+                raise RuntimeError("sglang-router did not start")
+        yield url
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        await proc.wait()
+
+
+async def measure(
+    policy: str, spec: FleetSpec, *, oracle: bool = False, sglang_python: str | None = None
+) -> PolicyResult:
     """Drive `spec`'s workload through a gateway running `policy` (or one big replica)."""
     count = 1 if oracle else spec.replicas
     blocks = spec.oracle_gpu_blocks if oracle else spec.num_gpu_blocks
@@ -141,14 +187,23 @@ async def measure(policy: str, spec: FleetSpec, *, oracle: bool = False) -> Poli
             health_interval_s=0.2,
             scrape_interval_s=0.1,
         )
-        async with running_gateway(config) as gateway:
-            # Capacity is read from the replicas' /metrics before traffic starts.
-            for _ in range(100):
-                if all(r.stats.num_gpu_blocks for r in gateway.fleet):
-                    break
-                await asyncio.sleep(0.05)
+        async with contextlib.AsyncExitStack() as stack:
+            if sglang_python is not None:
+                target = await stack.enter_async_context(
+                    _sglang_router(sglang_python, [s.url for s in sims])
+                )
+                registry = None
+            else:
+                gateway = await stack.enter_async_context(running_gateway(config))
+                # Capacity is read from the replicas' /metrics before traffic starts.
+                for _ in range(100):
+                    if all(r.stats.num_gpu_blocks for r in gateway.fleet):
+                        break
+                    await asyncio.sleep(0.05)
+                target = gateway.url
+                registry = gateway.state.metrics.registry
             settings = RunSettings(
-                targets=(gateway.url,),
+                targets=(target,),
                 workload=spec.workload,
                 driver=DriverConfig(
                     num_requests=spec.num_requests,
@@ -165,10 +220,7 @@ async def measure(policy: str, spec: FleetSpec, *, oracle: bool = False) -> Poli
             )
             quiet = Console(file=io.StringIO())
             outcome = await execute(settings, console=quiet)
-            registry_text = gateway.state.metrics.registry
-            from prometheus_client import generate_latest
-
-            decisions = _decisions(generate_latest(registry_text).decode())
+            decisions = {} if registry is None else _decisions(generate_latest(registry).decode())
     summary = outcome.summary
     server = summary.server
     assert server is not None
@@ -183,7 +235,7 @@ async def measure(policy: str, spec: FleetSpec, *, oracle: bool = False) -> Poli
         for r in records
     ]
     return PolicyResult(
-        policy="oracle" if oracle else policy,
+        policy="oracle" if oracle else ("sglang-router" if sglang_python else policy),
         hit_rate=server.prefix_cache_hit_rate or 0.0,
         completed=summary.completed,
         failed=summary.failed,
@@ -198,22 +250,60 @@ async def measure(policy: str, spec: FleetSpec, *, oracle: bool = False) -> Poli
     )
 
 
-async def _main(args: argparse.Namespace) -> None:
-    spec = FleetSpec()
-    results = [await measure("round_robin", spec, oracle=True)]
-    for policy in args.policies:
-        results.append(await measure(policy, spec))
-    for r in results:
-        print(r.row())
-    if args.json:
-        print(json.dumps([asdict(r) for r in results], indent=2))
+HOT_PREFIX = FleetSpec(
+    num_gpu_blocks=4096,
+    time_scale=4.0,
+    workload="random",
+    workload_params={
+        "num_prompts": 10_000,
+        "prefix_len": 1024,
+        "input_len": 512,
+        "range_ratio": 0.9,
+        "output_len": 16,
+    },
+    num_requests=200,
+    rate_per_s=46.0,
+)
+
+SCENARIOS = {"shared-prefix": FleetSpec(), "hot-prefix": HOT_PREFIX}
+
+
+async def _main(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name in args.scenarios:
+        spec = SCENARIOS[name]
+        print(f"== {name}: {spec.workload} {dict(spec.workload_params)}, {spec.num_requests} "
+              f"requests at {spec.rate_per_s}/s, {spec.replicas} replicas x "
+              f"{spec.num_gpu_blocks} KV blocks, time_scale {spec.time_scale}")  # fmt: skip
+        results = []
+        if name == "shared-prefix":
+            results.append(await measure("round_robin", spec, oracle=True))
+            print(results[-1].row(), flush=True)
+        for policy in args.policies:
+            results.append(await measure(policy, spec))
+            print(results[-1].row(), results[-1].decisions, flush=True)
+        if args.sglang_python:
+            results.append(await measure("cache_aware", spec, sglang_python=args.sglang_python))
+            print(results[-1].row(), flush=True)
+        out[name] = [{k: v for k, v in asdict(r).items() if k != "timeline"} for r in results]
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policies", nargs="+", default=["kv_aware", "cache_aware", "round_robin"])
-    parser.add_argument("--json", action="store_true")
-    asyncio.run(_main(parser.parse_args(argv)))
+    parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
+    parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    parser.add_argument(
+        "--sglang-python",
+        metavar="PYTHON",
+        help="python of a venv with `pip install sglang-router`: measure SGLang's router too",
+    )
+    args = parser.parse_args(argv)
+    out = asyncio.run(_main(args))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=2)
 
 
 if __name__ == "__main__":
