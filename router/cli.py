@@ -12,6 +12,9 @@ import argparse
 import asyncio
 import gc
 import logging
+import multiprocessing
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -55,11 +58,57 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 
 def serve(config: RouterConfig) -> None:
-    """Run a gateway in the foreground until SIGINT/SIGTERM, then drain and exit."""
+    """Run a gateway in the foreground until SIGINT/SIGTERM, then drain and exit.
+
+    With `workers` > 1 this process only supervises: `workers` forked processes each run a
+    gateway with its own event loop on the same port (SO_REUSEPORT), sharing state in Redis.
+    """
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if config.workers > 1:
+        raise SystemExit(_supervise_workers(config))
+    _serve_one(config, reuse_port=False)
+
+
+def _supervise_workers(config: RouterConfig) -> int:
+    """Fork the workers (no loop or thread exists yet), forward SIGINT/SIGTERM, wait for all."""
+    # fork, not spawn: the config holds read-only mappings that do not pickle, and the
+    # workers need nothing the parent has not already imported.
+    context = multiprocessing.get_context("fork")
+    workers = [
+        context.Process(
+            target=_serve_one, args=(config, True), name=f"fleet-router-worker-{i}", daemon=False
+        )
+        for i in range(config.workers)
+    ]
+    for worker in workers:
+        worker.start()
+    log.info(
+        "fleet-router: %d worker processes on %s:%d sharing state through %s (pids %s)",
+        len(workers),
+        config.host,
+        config.port,
+        config.redis_url,
+        ", ".join(str(w.pid) for w in workers),
+    )
+
+    def forward(signum: int, _frame: object) -> None:
+        for worker in workers:
+            if worker.pid is not None and worker.is_alive():
+                os.kill(worker.pid, signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    codes = []
+    for worker in workers:
+        worker.join()
+        codes.append(worker.exitcode or 0)
+    return max(codes, key=abs)
+
+
+def _serve_one(config: RouterConfig, reuse_port: bool) -> None:
     loop = _new_loop()
     asyncio.set_event_loop(loop)
     app = create_app(config)
@@ -88,6 +137,7 @@ def serve(config: RouterConfig) -> None:
         backlog=4096,
         print=None,
         loop=loop,
+        reuse_port=reuse_port or None,
     )
 
 

@@ -322,6 +322,8 @@ def _validate(cfg: RouterConfig) -> None:
         )
     elif cfg.workers > 1 and cfg.embedded_sim_replicas:
         problems.append("workers > 1 needs --replica: each process would start its own sim fleet")
+    elif cfg.workers > 1 and cfg.port == 0:
+        problems.append("workers > 1 needs a fixed --port: they share one listening port")
     if problems:
         raise ConfigError("invalid router settings: " + "; ".join(problems))
 
