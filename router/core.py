@@ -4,10 +4,10 @@ Everything about a decision happens here, in one place, with no HTTP in sight:
 
 1. `prepare()` builds the `RoutingRequest` once (block hashes via `routing_key_hashes` when the
    policy uses prefixes) and looks the prefix index up once.
-2. `choose()` snapshots the healthy candidates as `ReplicaView`s (matched blocks filled in), asks
-   the policy, and counts the decision (views also carry capacity, pending prefill and the
-   blocks the index believes each replica holds).  Retries call it again with the replicas already tried
-   excluded; the request and its prefix matches are reused.
+2. `choose()` snapshots the healthy candidates as `ReplicaView`s (matched blocks, capacity,
+   pending prefill and the blocks the index believes each replica holds), asks the policy, and
+   counts the decision.  Retries call it again with the replicas already tried excluded; the
+   request and its prefix matches are reused.
 3. `start()` applies the side effects of sending a request to a replica and returns a `Lease`:
    in-flight +1, prefix-index insert, pending prefill.  `Lease.close()` undoes the load on every
    path (success, error, timeout, client gone) exactly once, refreshes the index on success and
