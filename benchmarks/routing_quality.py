@@ -154,12 +154,15 @@ async def _sglang_router(python: str, urls: Sequence[str]) -> AsyncIterator[str]
         import aiohttp
 
         async with aiohttp.ClientSession() as http:
+            # Ready when every worker is registered and healthy (registration is asynchronous).
             for _ in range(300):
                 try:
-                    async with http.get(url + "/v1/models") as resp:
+                    async with http.get(url + "/workers") as resp:
                         if resp.status == 200:
-                            break
-                except aiohttp.ClientError:
+                            workers = (await resp.json()).get("workers", [])
+                            if sum(1 for w in workers if w.get("is_healthy")) == len(urls):
+                                break
+                except (aiohttp.ClientError, ValueError):
                     pass
                 await asyncio.sleep(0.1)
             else:
