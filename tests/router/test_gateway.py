@@ -171,6 +171,9 @@ async def test_models_health_ready_and_metrics(
     assert replica is not None and direct.num_gpu_blocks
     assert replica.stats.num_gpu_blocks == direct.num_gpu_blocks
     assert replica.stats.block_size == direct.block_size
+    # ... and reach the routing core as capacity in prefix-index blocks.
+    expected = gw.state.core.units.capacity_blocks(direct.num_gpu_blocks, direct.block_size or 16)
+    assert gw.state.core.capacity_blocks[sims[0].url] == expected
 
 
 async def test_ready_is_503_until_every_configured_model_has_a_replica(
@@ -360,3 +363,31 @@ async def test_every_policy_serves_through_the_gateway(
     if policy == "round_robin":
         assert len(set(served)) == 2
     assert all(r.in_flight == 0 for r in gw.fleet)
+
+
+async def test_session_header_pins_a_session_and_falls_back_when_its_replica_is_down(
+    start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    sims = [await start_sim(seed=i) for i in range(3)]
+    # No periodic health checks: the test marks a replica down itself.
+    config = fast_config([s.url for s in sims], policy="session", health_interval_s=60)
+    gw = await start_gateway(config)
+
+    async def served(session: str) -> str:
+        async with http.post(gw.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1},
+                             headers={"X-Session-Id": session}) as r:  # fmt: skip
+            assert r.status == 200
+            return r.headers["x-fleet-replica"]
+
+    owners = {f"s{i}": await served(f"s{i}") for i in range(20)}
+    assert len(set(owners.values())) >= 2  # sessions spread over the fleet
+    assert [await served("s3") for _ in range(5)] == [owners["s3"]] * 5
+    down = gw.fleet.get(owners["s3"])
+    assert down is not None
+    down.healthy = False  # as a failed health check would leave it
+    moved = await served("s3")
+    assert moved != owners["s3"]
+    others = [k for k, v in owners.items() if v != owners["s3"]]
+    assert [await served(k) for k in others] == [owners[k] for k in others]  # others stay put
+    down.healthy = True
+    assert await served("s3") == owners["s3"]  # and it comes back to its replica
