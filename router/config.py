@@ -481,7 +481,12 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         flag = _flag(name)
         if get_origin(base) is tuple or base is Mapping or get_origin(base) is Mapping:
             parser.add_argument(
-                flag, dest=name, action="append", default=argparse.SUPPRESS, help=help_text
+                flag,
+                dest=name,
+                action="append",
+                default=argparse.SUPPRESS,
+                metavar=flag.lstrip("-").replace("-", "_").upper(),
+                help=help_text,
             )
         elif base is bool:
             parser.add_argument(
