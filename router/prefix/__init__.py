@@ -3,7 +3,12 @@
 - `router.prefix.keys`: request body → chained block hashes (`routing_key_hashes`).
 - `router.prefix.index`: `PrefixIndex`, one pygtrie trie per model, per-replica LRU capacity.
 - `router.prefix.units`: `KeyUnits`, vLLM capacity in index blocks, blocks ↔ tokens.
-- `router.prefix.kv_events`: exact mode, the ZMQ consumer of vLLM KV events.
+- `router.prefix.tokenizer`: the tokenizer of token mode (`load_routing_tokenizer`).
+- exact mode: `kv_decode` (vLLM event batches, both encodings), `exact` (`ExactIndexer`: engine
+  hash → own hash, events → index), `kv_events` (`KvEventConsumer`: ZMQ SUB, gaps, replay),
+  `kv_spec` (the `--kv-events` setting).
+
+docs/routing.md describes all of it.
 """
 
 from router.prefix.index import IndexSettings, IndexStats, PrefixIndex
