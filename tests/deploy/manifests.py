@@ -26,6 +26,7 @@ __all__ = [
     "VLLM_SERVE",
     "DashboardQuery",
     "compose_interpolate",
+    "compose_router_env",
     "dashboard_queries",
     "k8s_documents",
     "kustomization_files",
@@ -70,6 +71,22 @@ def compose_interpolate(value: Any, env: dict[str, str] | None = None) -> Any:
     if isinstance(value, dict):
         return {k: compose_interpolate(v, env) for k, v in value.items()}
     return value
+
+
+def compose_router_env(service: dict[str, Any]) -> dict[str, str]:
+    """A compose router service's environment as the router sees it, with the container path of
+    FLEET_ROUTER_CONFIG mapped back to the repo file that the service mounts there."""
+    env = {k: str(v) for k, v in service.get("environment", {}).items()}
+    config = env.get("FLEET_ROUTER_CONFIG")
+    if config:
+        for volume in service.get("volumes", []):
+            source, target = volume.split(":")[:2]
+            if config.startswith(target.rstrip("/") + "/"):
+                env["FLEET_ROUTER_CONFIG"] = str(REPO / source / config[len(target) + 1 :])
+                break
+        else:
+            raise AssertionError(f"{config} is not in a volume the router mounts")
+    return env
 
 
 def kustomization_files(root: Path = K8S_DIR) -> tuple[list[Path], list[Path]]:

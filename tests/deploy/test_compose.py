@@ -14,6 +14,7 @@ from tests.deploy.manifests import (
     PROMETHEUS_FILE,
     REPO,
     compose_interpolate,
+    compose_router_env,
     load_yaml,
 )
 
@@ -67,18 +68,32 @@ def test_two_routers_share_one_redis(services: dict[str, dict[str, Any]]) -> Non
         assert "redis" in router["depends_on"]
 
 
-def test_routers_point_at_the_four_sim_replicas(services: dict[str, dict[str, Any]]) -> None:
-    from router.config import parse_replica_spec
+@pytest.mark.parametrize(("stack", "replica_image"), [("sim", "fleet-router"), ("vllm", "vllm/")])
+def test_routers_point_at_the_replicas_of_their_stack(stack: str, replica_image: str) -> None:
+    """FLEET_STACK picks deploy/compose/<stack>.yaml: its replicas (and KV-event endpoints) are
+    the stack's replica services, at ports those services listen on."""
+    from router.config import load_config
 
-    sims = _sims(services)
-    assert len(sims) == 4
+    services = compose_interpolate(load_yaml(COMPOSE_FILE), {"FLEET_STACK": stack})["services"]
+    replicas = {n for n, s in services.items() if s["image"].startswith(replica_image)}
+    replicas -= set(_routers(services))
+    assert len(replicas) == (4 if stack == "sim" else 2)
     for router in _routers(services).values():
-        replicas = router["environment"]["FLEET_ROUTER_REPLICAS"].split(",")
-        specs = [parse_replica_spec(text) for text in replicas]
-        assert {urlsplit(s.url).hostname for s in specs} == set(sims)
-        for spec in specs:
-            url = urlsplit(spec.url)
-            assert url.port in _ports(services[str(url.hostname)])
+        cfg = load_config(router["command"][2:], env=compose_router_env(router))
+        assert cfg.port == 8080 and cfg.embedded_sim_replicas == 0
+        hosts = {urlsplit(spec.url).hostname: spec for spec in cfg.replica_specs}
+        assert set(hosts) == replicas
+        for host, spec in hosts.items():
+            assert spec.replica_id == host
+            assert urlsplit(spec.url).port in _ports(services[host])
+        for text in cfg.kv_events:
+            replica_id, endpoint = text.split("=", 1)
+            url = urlsplit(endpoint)
+            assert url.scheme == "tcp" and url.hostname == replica_id
+            assert url.port in _ports(services[replica_id])
+        if stack == "sim":  # exact mode on the sims' KV events, in the engines' block size
+            assert {t.split("=")[0] for t in cfg.kv_events} == replicas
+            assert cfg.tokenizer == "sim" and cfg.block_units == 16
 
 
 def test_sim_replicas_listen_where_prometheus_and_routers_look(

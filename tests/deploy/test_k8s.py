@@ -33,7 +33,8 @@ def _key(doc: dict[str, Any]) -> tuple[str, str]:
 
 
 def _merge(base: Any, patch: Any) -> Any:
-    """The strategic-merge subset our patches use: maps merge, lists of named maps merge by name."""
+    """The strategic-merge subset our patches use: maps merge, lists of named maps merge by name,
+    and a named item with `$patch: delete` removes that item."""
     if isinstance(base, dict) and isinstance(patch, dict):
         out = dict(base)
         for k, v in patch.items():
@@ -43,7 +44,11 @@ def _merge(base: Any, patch: Any) -> Any:
         out_list = [copy.deepcopy(b) for b in base]
         names = [b.get("name") for b in base]
         for p in patch:
-            if p["name"] in names:
+            if p.get("$patch") == "delete":
+                assert p["name"] in names, f"$patch: delete of {p['name']}, which is not there"
+                del out_list[names.index(p["name"])]
+                names.remove(p["name"])
+            elif p["name"] in names:
                 i = names.index(p["name"])
                 out_list[i] = _merge(out_list[i], p)
             else:
@@ -189,11 +194,23 @@ def test_router_lists_exactly_the_pods_of_the_replica_statefulset(
         f"{replica_set}-{i}.{service['metadata']['name']}" for i in range(sts["spec"]["replicas"])
     }
     router = _container(_of(objects, "Deployment")["fleet-router"])
-    env = {k: v for k, v in _env(router).items() if k != "FLEET_ROUTER_REDIS_URL"}
-    specs = load_config([], env=env).replica_specs
+    cfg = load_config([], env=_env(router))
+    specs = cfg.replica_specs
     assert {urlsplit(s.url).hostname for s in specs} == expected
     assert {urlsplit(s.url).port for s in specs} == {http_port}
     assert {s.replica_id for s in specs} == {h.split(".")[0] for h in expected}
+    # KV events, when on, come from the same pods' kv-events port.
+    kv_port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "kv-events")
+    for text in cfg.kv_events:
+        replica_id, endpoint = text.split("=", 1)
+        url = urlsplit(endpoint)
+        assert url.hostname == f"{replica_id}.{service['metadata']['name']}"
+        assert url.port == kv_port
+    if replica_set == "sim-replica":  # exact mode on the sims (tokenizer "sim", 16-token blocks)
+        assert {t.split("=")[0] for t in cfg.kv_events} == {s.replica_id for s in specs}
+        assert cfg.tokenizer == "sim" and cfg.block_units == 16
+    else:  # approximate mode until a tokenizer.json is provided (see gpu/router-replicas.yaml)
+        assert cfg.kv_events == () and cfg.tokenizer is None
 
 
 def test_vllm_has_a_gpu_and_exposes_kv_events() -> None:

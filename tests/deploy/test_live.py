@@ -1,7 +1,7 @@
 """Live: the dashboard and the alert rules work against the real thing.
 
-A router (kv_aware as deployed; Redis-backed once the router has that setting) in front of
-three sim replicas on 127.0.0.1 (two healthy with a small KV cache, so the index evicts, and KV
+A router configured as deployed (kv_aware, exact mode on KV events, Redis-backed state) in front
+of three sim replicas on 127.0.0.1 (two healthy with a small KV cache, so the index evicts, and KV
 events on; one failing every generation, so retries, upstream errors and an open circuit happen)
 serves shared-prefix, unique and over-long prompts. Debian's prometheus scrapes all four every
 second. Then: every metric name the dashboard and rules use is in a /metrics output, and every
@@ -21,7 +21,6 @@ import pytest
 from dockerfile_parse import DockerfileParser
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.config import RouterConfig
 from tests.conftest import free_port
 from tests.deploy.live import (
     LiveStack,
@@ -41,19 +40,7 @@ from tests.deploy.manifests import (
 
 # Metrics the dashboard or rules use that the router does not export yet, with the work that adds
 # them. Strict xfail: when a metric appears the test XPASSes, which fails, and the entry must go.
-_PREFIX_INDEX = "prefix-index metrics of the cache-aware work (router/metrics.py), not landed yet"
-_REDIS = "issue 5: the Redis state backend, not landed yet"
-PENDING: dict[str, str] = {
-    "fleet_router_predicted_hit_tokens_total": _PREFIX_INDEX,
-    "fleet_router_predicted_prompt_tokens_total": _PREFIX_INDEX,
-    "fleet_router_index_blocks": _PREFIX_INDEX,
-    "fleet_router_index_bytes": _PREFIX_INDEX,
-    "fleet_router_index_evictions_total": _PREFIX_INDEX,
-    "fleet_router_match_ratio_bucket": _PREFIX_INDEX,
-    "fleet_router_kv_events_total": _PREFIX_INDEX,
-    "fleet_router_state_backend_up": _REDIS,
-    "fleet_router_state_dropped_updates_total": _REDIS,
-}
+PENDING: dict[str, str] = {}
 
 # Grafana's $__rate_interval is max(4 x scrape interval, interval + scrape); over a test this
 # short, a window covering the whole run is the sensible stand-in.
@@ -89,18 +76,19 @@ def stack(
     live = LiveStack(tmp_path_factory.mktemp("live"))
     try:
         small_kv = ["--num-gpu-blocks", "48"]
-        live.start_replica(
-            "r1",
-            [*small_kv, "--seed", "1", "--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}"],
-        )
-        live.start_replica(
-            "r2",
-            [*small_kv, "--seed", "2", "--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}"],
-        )
+        # ipc:// endpoints: the sims bind them (vLLM's rule binds only `*`/`::` for tcp://, i.e.
+        # every interface), the router connects; nothing leaves this machine.
+        kv_endpoints = {name: f"ipc://{live.tmp / name}.kv" for name in ("r1", "r2")}
+        for seed, (name, endpoint) in enumerate(kv_endpoints.items(), start=1):
+            events = ["--kv-events-endpoint", endpoint]
+            live.start_replica(name, [*small_kv, "--seed", str(seed), *events])
         live.start_replica("r3", ["--seed", "3", "--failure-rate", "1.0"])
-        router_extra = ["--policy", "kv_aware"]  # the deploy files' policy
-        if "redis_url" in RouterConfig.__dataclass_fields__:
-            router_extra += ["--redis-url", request.getfixturevalue("redis_server_url")]
+        # As deployed: kv_aware, exact mode on the sims' KV events (token mode, the engines'
+        # 16-token blocks), state shared through a real Redis.
+        router_extra = ["--policy", "kv_aware", "--tokenizer", "sim", "--block-units", "16"]
+        for name, endpoint in kv_endpoints.items():
+            router_extra += ["--kv-events", f"{name}={endpoint}"]
+        router_extra += ["--redis-url", request.getfixturevalue("redis_server_url")]
         live.start_router(router_extra)
         live.wait_ready()
         live.start_prometheus(live.scrape_targets())

@@ -4,17 +4,17 @@ router, so only a test catches it."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from router.config import ENV_PREFIX, RouterConfig, load_config
 from router.policies import POLICIES
-from tests.deploy.manifests import COMPOSE_FILE, compose_interpolate, k8s_documents, load_yaml
-
-# Settings the deploy files already pass for work that has not landed yet. Strict xfail: once the
-# setting exists the test passes, pytest reports XPASS as a failure, and the entry must go.
-PENDING = {"FLEET_ROUTER_REDIS_URL": "issue 5: the Redis state backend (--redis-url)"}
+from tests.deploy.manifests import (
+    COMPOSE_FILE,
+    compose_interpolate,
+    compose_router_env,
+    k8s_documents,
+    load_yaml,
+)
 
 
 def _router_envs() -> dict[str, dict[str, str]]:
@@ -23,7 +23,7 @@ def _router_envs() -> dict[str, dict[str, str]]:
     services = compose_interpolate(load_yaml(COMPOSE_FILE))["services"]
     for name, svc in services.items():
         if svc.get("command", [""])[0] == "fleet-router":
-            out[f"compose:{name}"] = {k: str(v) for k, v in svc["environment"].items()}
+            out[f"compose:{name}"] = compose_router_env(svc)
     for path, doc in k8s_documents():
         if doc["kind"] not in ("Deployment", "StatefulSet"):
             continue
@@ -38,26 +38,21 @@ ENVS = _router_envs()
 VARIABLES = sorted({k for env in ENVS.values() for k in env if k.startswith(ENV_PREFIX)})
 
 
-def _case(name: str) -> Any:
-    if name in PENDING:
-        return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=PENDING[name]))
-    return name
-
-
 def test_deploy_files_configure_routers() -> None:
     assert any(k.startswith("compose:") for k in ENVS)
     assert any(not k.startswith("compose:") for k in ENVS)
 
 
-@pytest.mark.parametrize("variable", [_case(v) for v in VARIABLES])
+@pytest.mark.parametrize("variable", VARIABLES)
 def test_variable_is_a_router_setting(variable: str) -> None:
-    assert variable[len(ENV_PREFIX) :].lower() in RouterConfig.__dataclass_fields__
+    # FLEET_ROUTER_CONFIG names the YAML settings file; every other variable is one setting.
+    settings = {*RouterConfig.__dataclass_fields__, "config"}
+    assert variable[len(ENV_PREFIX) :].lower() in settings
 
 
 @pytest.mark.parametrize("where", sorted(ENVS))
 def test_router_accepts_the_values(where: str) -> None:
-    env = {k: v for k, v in ENVS[where].items() if k not in PENDING}
-    cfg = load_config([], env=env)
+    cfg = load_config([], env=ENVS[where])
     assert cfg.port == 8080
     assert len(cfg.replica_specs) == 4
     assert cfg.embedded_sim_replicas == 0
