@@ -241,6 +241,7 @@ class CompletionRequest:
     prompt: str | tuple[int, ...]
     params: GenerationParams
     echo: bool = False
+    add_special_tokens: bool = True  # vLLM's default for completions: the tokenizer's BOS
 
 
 @dataclass(frozen=True)
@@ -257,6 +258,7 @@ class ChatRequest:
     messages: tuple[ChatMessage, ...]
     params: GenerationParams
     add_generation_prompt: bool = True
+    add_special_tokens: bool = False  # vLLM's default for chat: the template has the BOS
 
 
 def _parse_stop(body: Mapping[str, Any]) -> tuple[str, ...]:
@@ -364,7 +366,13 @@ def parse_completion(body: Mapping[str, Any]) -> CompletionRequest:
     echo = _opt_bool(body, "echo", False)
     if echo and params.stream:
         raise BadRequest("`echo` with `stream` is not supported by the simulated replica.")
-    return CompletionRequest(model=model, prompt=prompt, params=params, echo=echo)
+    return CompletionRequest(
+        model=model,
+        prompt=prompt,
+        params=params,
+        echo=echo,
+        add_special_tokens=_opt_bool(body, "add_special_tokens", True),
+    )
 
 
 def _message_content(value: object, index: int) -> str:
@@ -421,6 +429,7 @@ def parse_chat(body: Mapping[str, Any]) -> ChatRequest:
         messages=messages,
         params=params,
         add_generation_prompt=_opt_bool(body, "add_generation_prompt", True),
+        add_special_tokens=_opt_bool(body, "add_special_tokens", False),
     )
 
 
@@ -742,6 +751,7 @@ class TokenizeRequest:
     model: str | None
     text: str
     return_token_strs: bool
+    add_special_tokens: bool = True
 
 
 @dataclass(frozen=True)
@@ -759,11 +769,12 @@ def parse_tokenize(body: Mapping[str, Any]) -> TokenizeRequest:
         text = render_chat(
             messages, add_generation_prompt=_opt_bool(body, "add_generation_prompt", True)
         )
-        return TokenizeRequest(model=model, text=text, return_token_strs=strs)
+        special = _opt_bool(body, "add_special_tokens", False)  # as for chat completions
+        return TokenizeRequest(model, text, strs, special)
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise BadRequest("`prompt` (a string) or `messages` is required.", param="prompt")
-    return TokenizeRequest(model=model, text=prompt, return_token_strs=strs)
+    return TokenizeRequest(model, prompt, strs, _opt_bool(body, "add_special_tokens", True))
 
 
 def tokenize_response(

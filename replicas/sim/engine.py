@@ -24,14 +24,14 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from replicas.sim.config import EngineConfig
 from replicas.sim.cost_model import CostModel
 from replicas.sim.kv_cache import BlockPool, hash_block, root_hash
 from replicas.sim.kv_events import KVEvent
-from replicas.sim.tokenizer import output_token, output_tokens
+from replicas.sim.tokenizer import NUM_OUTPUT_TOKENS, output_token, output_tokens
 
 __all__ = [
     "Engine",
@@ -194,14 +194,30 @@ class StepSummary:
 
 
 class Engine:
-    """One simulated replica's engine. Not thread-safe; drive it from one task."""
+    """One simulated replica's engine. Not thread-safe; drive it from one task.
+
+    Generated token ``i`` of a request is ``output_vocab[output_token(seed, i) % len(...)]``
+    (a real tokenizer's `output_ids`); ``None`` means the simulator's own table (ids
+    ``0 .. NUM_OUTPUT_TOKENS-1``, what `SimTokenizer` decodes).
+    """
 
     def __init__(
         self,
         config: EngineConfig,
         cost_model: CostModel,
         kv_event_sink: Callable[[KVEvent], None] | None = None,
+        output_vocab: Sequence[int] | None = None,
     ) -> None:
+        if output_vocab is not None:
+            if len(output_vocab) == 0:
+                raise ValueError("output_vocab must not be empty")
+            if tuple(output_vocab) == tuple(range(NUM_OUTPUT_TOKENS)):
+                output_vocab = None  # the identity: skip the lookup
+        self._out_vocab = (
+            None
+            if output_vocab is None
+            else tuple(output_vocab[i % len(output_vocab)] for i in range(NUM_OUTPUT_TOKENS))
+        )
         self.config = config
         self.cost_model = cost_model
         self._bs = config.block_size
@@ -420,7 +436,7 @@ class Engine:
             outputs.append(
                 RequestOutput(
                     req.request_id,
-                    (output_token(req.seed, generated - 1),),
+                    (self._output_token(req.seed, generated - 1),),
                     req.prompt_len,
                     req.num_cached_tokens,
                     done,
@@ -448,7 +464,7 @@ class Engine:
             s.outputs.append(
                 RequestOutput(
                     req.request_id,
-                    (output_token(req.seed, req.num_generated - 1),),
+                    (self._output_token(req.seed, req.num_generated - 1),),
                     req.prompt_len,
                     req.num_cached_tokens,
                     done,
@@ -694,13 +710,23 @@ class Engine:
         self._requests.pop(req.request_id, None)
 
     # --- hashing --------------------------------------------------------------------------------
+    def _output_token(self, seed: int, index: int) -> int:
+        t = output_token(seed, index)
+        vocab = self._out_vocab
+        return t if vocab is None else vocab[t]
+
+    def _output_tokens(self, seed: int, start: int, count: int) -> list[int]:
+        ts = output_tokens(seed, start, count)
+        vocab = self._out_vocab
+        return ts if vocab is None else [vocab[t] for t in ts]
+
     def _tokens(self, req: RequestState, start: int, end: int) -> list[int]:
         pl = req.prompt_len
         if end <= pl:
             return list(req.prompt[start:end])
         if start >= pl:
-            return output_tokens(req.seed, start - pl, end - start)
-        return list(req.prompt[start:pl]) + output_tokens(req.seed, 0, end - pl)
+            return self._output_tokens(req.seed, start - pl, end - start)
+        return list(req.prompt[start:pl]) + self._output_tokens(req.seed, 0, end - pl)
 
     def _ensure_hashes(self, req: RequestState, n_blocks: int) -> None:
         hashes = req.hashes

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -46,8 +46,15 @@ log = logging.getLogger(__name__)
 _EARLY_TOLERANCE_S = 50e-6
 
 
-def build_engine(settings: SimSettings, kv_event_sink: Callable[..., None] | None = None) -> Engine:
-    """The engine described by `settings`; unset limits come from the GPU profile."""
+def build_engine(
+    settings: SimSettings,
+    kv_event_sink: Callable[..., None] | None = None,
+    output_vocab: Sequence[int] | None = None,
+) -> Engine:
+    """The engine described by `settings`; unset limits come from the GPU profile.
+
+    ``output_vocab``: the token ids generated text is drawn from (a real tokenizer's
+    `output_ids`); ``None``: the simulator's own table."""
     profile = profile_with_overrides(settings.profile, **dict(settings.profile_overrides))
     overrides: dict[str, object] = {
         "block_size": settings.block_size,
@@ -63,7 +70,9 @@ def build_engine(settings: SimSettings, kv_event_sink: Callable[..., None] | Non
     if settings.max_num_batched_tokens is not None:
         overrides["max_num_batched_tokens"] = settings.max_num_batched_tokens
     config = EngineConfig.for_profile(profile, **overrides)
-    return Engine(config, CostModel(profile), kv_event_sink=kv_event_sink)
+    return Engine(
+        config, CostModel(profile), kv_event_sink=kv_event_sink, output_vocab=output_vocab
+    )
 
 
 def resolve_max_model_len(settings: SimSettings, config: EngineConfig) -> int:

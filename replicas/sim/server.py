@@ -156,7 +156,8 @@ def _build_state(settings: SimSettings, registry: CollectorRegistry | None) -> R
             buffer_steps=settings.kv_events_buffer_steps,
             hwm=settings.kv_events_hwm,
         )
-    engine = build_engine(settings, kv_event_sink=publisher)
+    tokenizer = load_tokenizer(settings.tokenizer_path)
+    engine = build_engine(settings, kv_event_sink=publisher, output_vocab=tokenizer.output_ids)
     max_model_len = resolve_max_model_len(settings, engine.config)
     registry = registry if registry is not None else CollectorRegistry()
     metrics = SimMetrics(
@@ -176,7 +177,7 @@ def _build_state(settings: SimSettings, registry: CollectorRegistry | None) -> R
         settings=settings,
         engine=engine,
         runtime=runtime,
-        tokenizer=load_tokenizer(settings.tokenizer_path),
+        tokenizer=tokenizer,
         registry=registry,
         metrics=metrics,
         faults=FaultInjector(
@@ -345,10 +346,10 @@ async def _generate(
         prompt_text = api.render_chat(
             parsed.messages, add_generation_prompt=parsed.add_generation_prompt
         )
-        prompt_ids = tuple(state.tokenizer.encode(prompt_text))
+        prompt_ids = tuple(state.tokenizer.encode(prompt_text, parsed.add_special_tokens))
     elif isinstance(parsed.prompt, str):
         prompt_text = parsed.prompt
-        prompt_ids = tuple(state.tokenizer.encode(prompt_text))
+        prompt_ids = tuple(state.tokenizer.encode(prompt_text, parsed.add_special_tokens))
     else:
         prompt_text = ""
         prompt_ids = parsed.prompt
@@ -513,8 +514,8 @@ async def tokenize(request: web.Request) -> web.Response:
     state = request.app[REPLICA]
     parsed = api.parse_tokenize(await _read_json(request))
     _check_model(state, parsed.model)
-    tokens = state.tokenizer.encode(parsed.text)
-    strs = [state.tokenizer.decode([t]) for t in tokens] if parsed.return_token_strs else None
+    tokens = state.tokenizer.encode(parsed.text, parsed.add_special_tokens)
+    strs = state.tokenizer.convert_ids_to_tokens(tokens) if parsed.return_token_strs else None
     return _json(api.tokenize_response(tokens, state.max_model_len, strs))
 
 
@@ -523,7 +524,9 @@ async def detokenize(request: web.Request) -> web.Response:
     parsed = api.parse_detokenize(await _read_json(request))
     _check_model(state, parsed.model)
     _check_vocab(state, parsed.tokens, "tokens")
-    return _json(api.detokenize_response(state.tokenizer.decode(parsed.tokens)))
+    # vLLM decodes with the HF default here: special tokens are kept
+    text = state.tokenizer.decode(parsed.tokens, skip_special_tokens=False)
+    return _json(api.detokenize_response(text))
 
 
 async def embeddings(request: web.Request) -> web.Response:
@@ -534,7 +537,7 @@ async def embeddings(request: web.Request) -> web.Response:
     vectors = []
     prompt_tokens = 0
     for item in parsed.inputs:
-        ids = tuple(state.tokenizer.encode(item)) if isinstance(item, str) else item
+        ids = tuple(state.tokenizer.encode(item, True)) if isinstance(item, str) else item
         if len(ids) > state.max_model_len:
             raise BadRequest(
                 f"This model's maximum context length is {state.max_model_len} tokens. However, "
