@@ -15,7 +15,7 @@ between router instances.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,7 +28,6 @@ from router.state.records import (
     ReplicaCounters,
 )
 from router.state.schema import hot_prefix_id
-from router.state.snapshot import SnapshotBuilder
 
 __all__ = ["BackendStats", "StateBackend", "StateSink"]
 
@@ -42,8 +41,12 @@ class StateSink(Protocol):
     def apply_registry_change(self, change: RegistryChange) -> None:
         """Apply another instance's admin add/remove to the local registry (must not re-publish)."""
 
-    def fill_snapshot(self, builder: SnapshotBuilder) -> None:
-        """Add every (model, replica, path) the local index holds, least recently used first."""
+    def snapshot_holdings(self) -> Iterable[tuple[str, str, tuple[int, ...]]]:
+        """Every (model, replica, path) the local index holds, each replica's oldest first.
+
+        Consumed lazily, a slice at a time between event-loop turns: it must tolerate the
+        index changing meanwhile (the stream tail after the snapshot's id reconciles).
+        """
 
 
 @dataclass(slots=True)

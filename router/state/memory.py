@@ -101,7 +101,8 @@ class MemoryBackend(StateBackend):
         if leader is not None and leader._sink is not None:
             # warm up like a Redis instance would: the leader's index, then the registry
             builder = SnapshotBuilder()
-            leader._sink.fill_snapshot(builder)
+            for model, replica_id, path in leader._sink.snapshot_holdings():
+                builder.add(model, replica_id, path)
             snap = builder.build("0-0", leader.instance_id)
             for change in snap.changes():
                 sink.apply_index_change(change)

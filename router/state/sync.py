@@ -33,7 +33,6 @@ from router.state.records import (
     RegistryChange,
     RegistryKind,
 )
-from router.state.snapshot import SnapshotBuilder
 
 if TYPE_CHECKING:
     from router.core import RoutingCore
@@ -165,12 +164,10 @@ class StateSync:
         finally:
             self._applying = False
 
-    def fill_snapshot(self, builder: SnapshotBuilder) -> None:
+    def snapshot_holdings(self) -> Iterator[tuple[str, str, tuple[int, ...]]]:
         index = self.core.prefix_index
-        if index is None:
-            return
-        for model, replica_id, path in index_holdings(index):
-            builder.add(model, replica_id, path)
+        if index is not None:
+            yield from index_holdings(index)
 
 
 def index_holdings(index: Any) -> Iterator[tuple[str, str, tuple[int, ...]]]:

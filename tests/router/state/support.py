@@ -8,7 +8,7 @@ import subprocess
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -19,7 +19,6 @@ from router.state import (
     IndexChange,
     RegistryChange,
     RegistryKind,
-    SnapshotBuilder,
 )
 from tests.conftest import free_port
 
@@ -55,10 +54,10 @@ class DictSink:
         else:
             self.registry.pop(change.replica_id, None)
 
-    def fill_snapshot(self, builder: SnapshotBuilder) -> None:
-        for (model, replica), paths in self.held.items():
-            for path in paths:
-                builder.add(model, replica, path)
+    def snapshot_holdings(self) -> Iterator[tuple[str, str, tuple[int, ...]]]:
+        for (model, replica), paths in list(self.held.items()):
+            for path in list(paths):
+                yield model, replica, path
 
     def paths(self, model: str, replica: str) -> set[tuple[int, ...]]:
         return set(self.held.get((model, replica), ()))
