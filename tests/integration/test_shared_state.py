@@ -341,3 +341,38 @@ async def test_redis_outage_mid_load_fails_no_request_and_resyncs(tmp_path: Path
 
 def backend_down(gateway: Gateway) -> bool:
     return not backend(gateway).stats.up
+
+
+async def test_admin_add_and_remove_on_one_gateway_reach_the_other(redis_server_url: str) -> None:
+    prefix = unique_prefix()
+    try:
+        async with (
+            sim_fleet(num_gpu_blocks=1024, time_scale=0.01) as sims,
+            running_gateway(
+                replace(config(sims[:1], redis_server_url, prefix), admin_token="t")
+            ) as gw_a,
+            running_gateway(config(sims[:1], redis_server_url, prefix)) as gw_b,
+            aiohttp.ClientSession(headers={"Authorization": "Bearer t"}) as session,
+        ):
+            await ready(gw_a, gw_b)
+            body = {"url": sims[1].url, "name": "extra"}
+            async with session.post(gw_a.url + "/admin/replicas", json=body) as response:
+                assert response.status == 201
+            # gateway b learns of it through Redis, probes it and routes to it
+            await eventually(lambda: _up(gw_b, "extra"), timeout_s=10, what="b sees extra up")
+            assert gw_b.fleet.get("extra").source == "shared"  # type: ignore[union-attr]
+            assert "extra" in await backend(gw_b).read_registry()
+            # a gateway started later finds it in the registry hash
+            async with running_gateway(config(sims[:1], redis_server_url, prefix)) as gw_c:
+                assert gw_c.fleet.get("extra") is not None
+            async with session.delete(gw_a.url + "/admin/replicas/extra") as response:
+                assert response.status == 200
+            await eventually(lambda: gw_b.fleet.get("extra") is None, what="b dropped extra")
+            assert await backend(gw_b).read_registry() == {}
+    finally:
+        await delete_prefix(redis_server_url, prefix)
+
+
+def _up(gateway: Gateway, replica_id: str) -> bool:
+    replica = gateway.fleet.get(replica_id)
+    return replica is not None and replica.up
