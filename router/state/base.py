@@ -130,9 +130,7 @@ class StateBackend(ABC):
     ) -> None:
         """Count a routed request whose first ``matched_blocks`` blocks were predicted cached."""
         if matched_blocks > 0:
-            self._pending.add_hot(
-                model, hot_prefix_id(tuple(block_hashes[:matched_blocks]), matched_blocks)
-            )
+            self._pending.add_hot(model, hot_prefix_id(block_hashes, matched_blocks))
 
     @property
     def dropped_updates(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = ["DEFAULT_KEY_PREFIX", "KeySchema", "hot_prefix_id"]
@@ -9,7 +10,7 @@ __all__ = ["DEFAULT_KEY_PREFIX", "KeySchema", "hot_prefix_id"]
 DEFAULT_KEY_PREFIX = "fleet-router:"
 
 
-def hot_prefix_id(block_hashes: tuple[int, ...] | list[int], matched_blocks: int) -> str:
+def hot_prefix_id(block_hashes: Sequence[int], matched_blocks: int) -> str:
     """The member name of a matched prefix in the hot-prefix sorted set.
 
     The chained hash of the prefix's last block identifies the whole prefix (it depends on every
