@@ -15,6 +15,13 @@ interval between successive token deliveries. We report:
 
     python benchmarks/sim_realtime.py                       # N = 1, 64, 128, 256, 384, 512
     python benchmarks/sim_realtime.py --streams 256 --duration-s 10 --repeat 3
+    python benchmarks/sim_realtime.py --long-prompts [--tokenizer tokenizer.json]
+
+``--long-prompts`` measures something else: how long the replica's event loop stalls while
+32k-token text prompts are tokenized, inline on the loop vs in the replica's tokenizer thread
+(`replicas.sim.prompt_encoder`). A 1 ms ticker on the replica's loop records its lateness while
+a client process posts the prompts one after another; token-id prompts (nothing to tokenize)
+give the floor.
 
 On a shared machine an occasional stall of the whole process (another job taking both cores)
 shows up as a run with positive drift and a ~0.25 s max lag (the driver forgives a larger lag
@@ -33,6 +40,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -165,9 +173,96 @@ def _print_table(rows: list[dict[str, float]]) -> None:
         )
 
 
+# ------------------------------------------------------------------------ long-prompt stalls
+
+LONG_PROMPT_CHARS = 4 * 32768  # 32k tokens for the simulator's tokenizer
+_TEXT = "the quick brown fox jumps over a lazy dog while routers send requests to replicas"
+_WORDS = _TEXT.split()
+
+
+def _long_text(i: int) -> str:
+    words = [_WORDS[(i * 31 + k * 7 + k // 5) % len(_WORDS)] for k in range(LONG_PROMPT_CHARS // 3)]
+    return f"request {i}: " + " ".join(words)[:LONG_PROMPT_CHARS]
+
+
+async def _stall_client_main(url: str, count: int, kind: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        for i in range(count):
+            ids = [(i + k) % 256 for k in range(32768)]  # inside any vocabulary
+            prompt: object = _long_text(i) if kind == "text" else ids
+            body = {"prompt": prompt, "max_tokens": 1, "ignore_eos": True}
+            async with session.post(f"{url}/v1/completions", json=body) as resp:
+                assert resp.status == 200, await resp.text()
+                usage = (await resp.json())["usage"]
+    print(json.dumps({"prompt_tokens": usage["prompt_tokens"]}), flush=True)
+
+
+async def _measure_stall(mode: str, count: int, tokenizer: str | None) -> dict[str, object]:
+    # time scale 0.01: a 32k prefill takes ~10 ms, so the run is about tokenizing, not waiting
+    settings = SimSettings(port=0, time_scale=0.01, seed=1, tokenizer_path=tokenizer)
+    replica = await start_replica(settings)
+    if mode == "inline":
+        replica.state.encoder.inline_max_chars = sys.maxsize  # the old behaviour
+    gc.freeze()
+    lateness: list[float] = []
+    stop = asyncio.Event()
+
+    async def ticker() -> None:
+        clock = time.perf_counter  # uvloop's loop.time() has 1 ms resolution
+        while not stop.is_set():
+            due = clock() + 0.001
+            await asyncio.sleep(0.001)
+            lateness.append(clock() - due)
+
+    tick = asyncio.create_task(ticker())
+    kind = "ids" if mode == "token ids" else "text"
+    client = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--stall-client", replica.url, str(count), kind,
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        out = json.loads(await asyncio.wait_for(client.stdout.readline(), 300))  # type: ignore[union-attr]
+        await client.wait()
+    finally:
+        stop.set()
+        await tick
+        if client.returncode is None:
+            client.kill()
+            await client.wait()
+        await replica.stop()
+    lateness.sort()
+    return {
+        "mode": mode,
+        "prompt_tokens": out["prompt_tokens"],
+        "ticks": len(lateness),
+        "p99_ms": 1000 * lateness[int(0.99 * (len(lateness) - 1))],
+        "max_ms": 1000 * lateness[-1],
+    }
+
+
+def _long_prompts(run: Any, count: int, tokenizer: str | None, repeat: int) -> None:
+    name = tokenizer or "the simulator's tokenizer"
+    print(f"event-loop lateness while {count} long prompts are tokenized ({name}); 1 ms ticker")
+    print("| prompts | prompt tokens | p99 lateness | max lateness |")
+    print("|---|---|---|---|")
+    for mode in ("token ids", "inline", "tokenizer thread"):
+        for _ in range(repeat):
+            r = run(_measure_stall(mode, count, tokenizer))
+            print(
+                f"| {mode} | {r['prompt_tokens']} | {r['p99_ms']:.2f} ms | {r['max_ms']:.2f} ms |",
+                flush=True,
+            )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--client", nargs=2, metavar=("URL", "STREAMS"), help=argparse.SUPPRESS)
+    parser.add_argument("--stall-client", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--long-prompts", type=int, nargs="?", const=40, metavar="COUNT",
+        help="measure event-loop stalls while COUNT (40) 32k-token prompts are tokenized",
+    )  # fmt: skip
+    parser.add_argument("--tokenizer", help="a local tokenizer.json for --long-prompts")
     parser.add_argument("--streams", type=int, nargs="*", default=[1, 64, 128, 256, 384, 512])
     parser.add_argument("--duration-s", type=float, default=6.0)
     parser.add_argument("--warmup-timeout-s", type=float, default=60.0)
@@ -182,6 +277,13 @@ def main() -> int:
         run = uvloop.run
     if args.client:
         run(_client_main(args.client[0], int(args.client[1])))
+        return 0
+    if args.stall_client:
+        url, count, kind = args.stall_client
+        run(_stall_client_main(url, int(count), kind))
+        return 0
+    if args.long_prompts:
+        _long_prompts(run, args.long_prompts, args.tokenizer, args.repeat)
         return 0
     print(
         f"sim replica in real time (time scale 1, profile h100-llama3-8b, {PROMPT_TOKENS}-token "

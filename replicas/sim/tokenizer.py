@@ -16,6 +16,7 @@ token), so generated ids are inside the vocabulary and decode to words.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -43,6 +44,7 @@ _PIECE_TO_ID = {piece: i for i, piece in enumerate(_TABLE)}
 _DEFAULT_VOCAB = 128_256  # Llama-3's vocabulary size
 _MASK64 = (1 << 64) - 1
 _SIM_OUTPUT_IDS = tuple(range(NUM_OUTPUT_TOKENS))
+_SLICE_CHARS = 4 * 1024  # a multiple of 4: slicing never splits a piece
 
 
 @runtime_checkable
@@ -59,6 +61,10 @@ class Tokenizer(Protocol):
     output_ids: tuple[int, ...]
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
+
+    def encode_long(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """`encode` for a worker thread: lets other threads take the GIL while it works."""
+        ...
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
@@ -93,6 +99,16 @@ class SimTokenizer:
             out.append(tid)
         return out
 
+    def encode_long(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """`encode` in slices of whole pieces (same ids), releasing the GIL between slices so
+        the event-loop thread is never kept waiting for more than one slice (~0.2 ms)."""
+        out: list[int] = []
+        step = _SLICE_CHARS
+        for i in range(0, len(text), step):
+            out.extend(self.encode(text[i : i + step]))
+            time.sleep(0)  # releases the GIL: a waiting thread gets it now, not in 5 ms
+        return out
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Table ids decode exactly; hashed ids (one-way) decode to a placeholder syllable."""
         table = _TABLE
@@ -121,6 +137,11 @@ class HFTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def encode_long(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        # encode_batch runs in Rust without the GIL (encode keeps it); same ids as `encode`
+        (encoding,) = self._tok.encode_batch([text], add_special_tokens=add_special_tokens)
+        return list(encoding.ids)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
