@@ -92,7 +92,7 @@ class RouterConfig:
         ),
     )
     # --- routing ---------------------------------------------------------------------------
-    policy: str = field(default="least_load", metadata=_meta("routing policy name"))
+    policy: str = field(default="kv_aware", metadata=_meta("routing policy name"))
     policy_options: Mapping[str, OptionValue] = field(
         default_factory=lambda: types.MappingProxyType({}),
         metadata=_meta("extra policy setting KEY=VALUE (repeatable)", flag="--policy-option"),
