@@ -52,7 +52,7 @@ POLICIES: dict[str, PolicySpec] = {
     "kv_aware": PolicySpec(KvAware.from_settings),
 }
 
-DEFAULT_POLICY = "least_load"
+DEFAULT_POLICY = "kv_aware"
 
 
 def make_policy(name: str, settings: PolicySettings | None = None) -> Policy:

@@ -8,13 +8,14 @@ import pytest
 
 from router.config import RouterConfig, load_config, parse_replica_spec
 from router.errors import ConfigError
-from router.policies import POLICIES
+from router.policies import DEFAULT_POLICY, POLICIES
 
 
 def test_defaults_are_the_documented_ones() -> None:
     cfg = RouterConfig()
     assert cfg.port == 8080
-    assert cfg.policy in POLICIES  # least_load until the cache-aware default lands
+    assert cfg.policy == "kv_aware" == DEFAULT_POLICY  # the cache-aware default (issue 4)
+    assert cfg.policy in POLICIES
     assert cfg.replicas == ()
     assert cfg.embedded_sim_replicas == 4  # no replica configured → the embedded default
     assert RouterConfig(replicas=("http://a:1",)).embedded_sim_replicas == 0

@@ -34,7 +34,10 @@ async def test_replica_killed_under_load_then_readmitted(
     # The doomed replica serves 15 requests; the 16th kills it (every connection reset).
     doomed = await start_sim(port=port, time_scale=0.05, crash_after_requests=15)
     others = [await start_sim(time_scale=0.05, seed=i) for i in (1, 2)]
-    gw = await start_gateway(fast_config([doomed.url, *(s.url for s in others)]))
+    # least_load: load balancing decides who serves, so the revived replica gets its turn
+    gw = await start_gateway(
+        fast_config([doomed.url, *(s.url for s in others)], policy="least_load")
+    )
     statuses: Counter[int] = Counter()
     served: Counter[str] = Counter()
 

@@ -154,10 +154,11 @@ async def test_models_health_ready_and_metrics(
         f'fleet_router_replica_up{{replica="{sims[1].url}"}} 1.0',
         f'fleet_router_circuit_state{{replica="{sims[0].url}"}} 0.0',
         f'fleet_router_replica_in_flight{{replica="{sims[0].url}"}} 0.0',
-        'fleet_router_decisions_total{policy="least_load",reason="balance"} 1.0',
+        # the default policy, kv_aware: a prompt shorter than one block matches nothing
+        'fleet_router_decisions_total{policy="kv_aware",reason="no_match"} 1.0',
         'fleet_router_request_duration_seconds_count{model="m-a"} 1.0',
         'fleet_router_ttft_seconds_count{model="m-a"} 1.0',
-        'fleet_router_decision_seconds_count{policy="least_load"} 1.0',
+        'fleet_router_decision_seconds_count{policy="kv_aware"} 1.0',
     ):
         assert name in text, name
     for name in ("replica_running", "replica_waiting", "replica_kv_usage",
@@ -198,7 +199,8 @@ async def test_multi_model_routing(
 ) -> None:
     a1, a2, b = (await start_sim(model="m-a"), await start_sim(model="m-a"),
                  await start_sim(model="m-b", model_aliases=("m-b-alias",)))  # fmt: skip
-    gw = await start_gateway(fast_config([a1.url, a2.url, b.url]))
+    # round_robin: the test is about which replicas may serve a model, so spread the requests
+    gw = await start_gateway(fast_config([a1.url, a2.url, b.url], policy="round_robin"))
     seen: dict[str, set[str]] = {"m-a": set(), "m-b": set(), "m-b-alias": set()}
     for i in range(8):
         for model in seen:
@@ -307,7 +309,8 @@ async def test_admin_api_needs_the_bearer_token(
     start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession
 ) -> None:
     sim1, sim2 = await start_sim(), await start_sim()
-    gw = await start_gateway(fast_config([sim1.url], admin_token="s3cret"))
+    # round_robin: the added replica must take its turn (kv_aware may keep short prompts on one)
+    gw = await start_gateway(fast_config([sim1.url], admin_token="s3cret", policy="round_robin"))
     auth = {"Authorization": "Bearer s3cret"}
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret"}):
         async with http.get(gw.url + "/admin/replicas", headers=headers) as resp:
