@@ -363,6 +363,8 @@ def _parse_option_value(text: str) -> OptionValue:
 def _parse_options(items: Sequence[str]) -> dict[str, OptionValue]:
     out: dict[str, OptionValue] = {}
     for item in items:
+        if not item.strip():
+            continue  # an empty setting means no option (e.g. `--policy-option "$UNSET"`)
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"policy option {item!r}: expected KEY=VALUE")
@@ -379,10 +381,15 @@ def _coerce(name: str, value: Any) -> Any:
         raise ConfigError(f"{name}: a value is required")
     try:
         if get_origin(base) is tuple:
-            items = [v.strip() for v in value.split(",")] if isinstance(value, str) else value
+            items = _split_list(name, value) if isinstance(value, str) else value
             if not isinstance(items, list | tuple):
                 raise TypeError
-            return tuple(str(_replica_from_yaml(v) if name == "replicas" else v) for v in items)
+            # Blank items mean nothing: FLEET_ROUTER_KV_EVENTS="" or `--replica "$UNSET"` = none.
+            return tuple(
+                str(_replica_from_yaml(v) if name == "replicas" else v)
+                for v in items
+                if not (isinstance(v, str) and not v.strip())
+            )
         if base is Mapping or get_origin(base) is Mapping:
             if isinstance(value, str):
                 return _parse_options([p for p in value.split(",") if p.strip()])
@@ -411,6 +418,24 @@ def _coerce(name: str, value: Any) -> Any:
     except (TypeError, ValueError):
         raise ConfigError(f"{name}: cannot read {value!r} as {_type_name(name)}") from None
     raise ConfigError(f"{name}: unsupported type")  # pragma: no cover - all field types handled
+
+
+def _split_list(name: str, text: str) -> list[str]:
+    """A comma-separated list (environment, YAML scalar); an empty string is an empty list.
+
+    A `kv_events` spec has a comma of its own (`REPLICA=ENDPOINT,REPLAY_ENDPOINT`): a piece
+    without `=` is the replay endpoint of the spec before it.
+    """
+    items = [part.strip() for part in text.split(",") if part.strip()]
+    if name != "kv_events":
+        return items
+    specs: list[str] = []
+    for item in items:
+        if "=" not in item and specs:
+            specs[-1] += "," + item
+        else:
+            specs.append(item)
+    return specs
 
 
 def _type_name(name: str) -> str:
