@@ -71,6 +71,33 @@ def test_repeatable_flags_and_env_lists() -> None:
     assert cfg.admin_token == "s3cret"
 
 
+@pytest.mark.parametrize("name", ["REPLICAS", "MODELS", "KV_EVENTS", "POLICY_OPTIONS"])
+@pytest.mark.parametrize("blank", ["", "  ", ",", " , "])
+def test_an_empty_list_setting_in_env_means_none(name: str, blank: str) -> None:
+    cfg = load_config([], {f"FLEET_ROUTER_{name}": blank})
+    assert getattr(cfg, name.lower()) in ((), {})
+    assert cfg.embedded_sim_replicas == 4  # still "no replica configured"
+
+
+def test_empty_list_items_from_flags_and_yaml_mean_none(tmp_path: Path) -> None:
+    cfg = load_config(["--replica", "", "--model", " ", "--policy-option", ""], {})
+    assert (cfg.replicas, cfg.models, dict(cfg.policy_options)) == ((), (), {})
+    path = tmp_path / "router.yaml"
+    path.write_text("kv_events: ''\nreplicas: []\nmodels: ''\n")
+    cfg = load_config(["--config", str(path)], {})
+    assert (cfg.kv_events, cfg.replicas, cfg.models) == ((), (), ())
+
+
+def test_kv_events_env_list_keeps_each_spec_replay_endpoint() -> None:
+    env = {
+        "FLEET_ROUTER_REPLICAS": "r0=http://a:1,r1=http://b:1",
+        "FLEET_ROUTER_TOKENIZER": "sim",
+        "FLEET_ROUTER_KV_EVENTS": "r0=tcp://a:5557,tcp://a:5558, r1=tcp://b:5557",
+    }
+    cfg = load_config([], env)
+    assert cfg.kv_events == ("r0=tcp://a:5557,tcp://a:5558", "r1=tcp://b:5557")
+
+
 @pytest.mark.parametrize(
     ("argv", "env", "fragment"),
     [
