@@ -34,6 +34,7 @@ from typing import Any
 import orjson
 import xxhash
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
@@ -459,12 +460,15 @@ async def _stream(
     created: int,
 ) -> web.StreamResponse:
     response = web.StreamResponse(headers=_SSE_HEADERS)
-    await response.prepare(request)
     fmt = api.StreamFormatter(kind, stream.request_id, model, created)
     detok = api.IncrementalDetokenizer(state.tokenizer.decode)
     stops = api.StopChecker(params.stop, params.min_tokens)
     continuous = params.continuous_usage_stats
     try:
+        # Inside the try: a client that closed (or half-closed) its side before the headers
+        # went out makes this raise too. aiohttp's own attempt to finish the response then
+        # fails quietly, as it does for any response to a departed client.
+        await response.prepare(request)
         if kind == "chat":
             await response.write(fmt.role_chunk())
         while True:
@@ -493,7 +497,8 @@ async def _stream(
         await response.write(api.DONE_EVENT)
         await response.write_eof()
     except ConnectionResetError:
-        state.runtime.abort(stream.request_id)  # the client left mid-stream
+        log.debug("client left before its stream ended: %s", stream.request_id)
+        state.runtime.abort(stream.request_id)
     return response
 
 
@@ -631,6 +636,23 @@ async def server_info(request: web.Request) -> web.Response:
 # ------------------------------------------------------------------------------ application
 
 
+class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp's connection-level logger for one replica, minus tracebacks that are not errors
+    of ours: a peer that does not speak HTTP/1.1 (sglang-router's HTTP/2 preface probe, a TLS
+    hello; aiohttp answers it 400 and closes) or a client that left while its answer was being
+    written. Those get one debug line; anything else is logged as aiohttp logs it."""
+
+    def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
+        exc_info = kwargs.get("exc_info", True)
+        exc = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
+        if isinstance(exc, HttpProcessingError | ConnectionError):
+            text = msg % args if args and isinstance(msg, str) else msg
+            detail = " ".join(str(exc).split())  # aiohttp's parser errors span lines
+            self.debug("%s: %s: %s", text, type(exc).__name__, detail)
+            return
+        super().exception(msg, *args, **kwargs)
+
+
 def create_app(
     settings: SimSettings, *, registry: CollectorRegistry | None = None
 ) -> web.Application:
@@ -740,7 +762,13 @@ async def start_replica(
     app = create_app(settings, registry=registry)
     # handler_cancellation: a client that disconnects cancels its handler, whose `finally`
     # aborts the engine request and frees its KV blocks, as vLLM does.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=1.0,
+        logger=_ServerLog(logging.getLogger("replicas.sim.http"), {}),
+    )
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)
     try:
