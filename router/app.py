@@ -285,7 +285,12 @@ async def _kv_events(app: web.Application) -> AsyncIterator[None]:
         for source in sources:
             consumer.add(source)
         app[KV_EVENTS] = consumer
-        yield
+        # A replica removed from the fleet (admin API, shared state) is no longer consumed.
+        state.fleet.observers.append(consumer)
+        try:
+            yield
+        finally:
+            state.fleet.observers.remove(consumer)
 
 
 async def _every(interval_s: float, tick: Callable[[], Awaitable[None]], name: str) -> None:
