@@ -66,6 +66,8 @@ class KvEventConsumer:
         self._replay_timeout_s = replay_timeout_s
         self._ctx: zmq.asyncio.Context | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        # Cancelled subscriber tasks not awaited yet (`discard` is synchronous): awaited on exit.
+        self._stopping: set[asyncio.Task[None]] = set()
         self._sources: dict[str, KvEventSource] = {}
         self.stats: dict[str, KvEventStats] = {}
         self._progress = asyncio.Condition()
@@ -81,7 +83,8 @@ class KvEventConsumer:
         tb: TracebackType | None,
     ) -> None:
         for replica_id in list(self._tasks):
-            await self.remove(replica_id)
+            self.discard(replica_id)
+        await self._reap()
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
@@ -97,6 +100,7 @@ class KvEventConsumer:
         old = self._tasks.pop(source.replica_id, None)
         if old is not None:
             old.cancel()
+            self._stopping.add(old)
         self._sources[source.replica_id] = source
         self.stats.setdefault(source.replica_id, KvEventStats())
         self.indexer.add_replica(source.replica_id, source.model)
@@ -106,13 +110,34 @@ class KvEventConsumer:
 
     async def remove(self, replica_id: str) -> None:
         """Stop consuming `replica_id` and forget what its events told the index."""
+        self.discard(replica_id)
+        await self._reap()
+
+    def discard(self, replica_id: str) -> None:
+        """`remove` without waiting: no batch of `replica_id` is applied after this returns
+        (its task is cancelled at its current await and awaited by `remove` or on exit)."""
         task = self._tasks.pop(replica_id, None)
         self._sources.pop(replica_id, None)
+        self.stats.pop(replica_id, None)
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            self._stopping.add(task)
         self.indexer.remove_replica(replica_id)
+
+    # Fleet observer (router.fleet.FleetObserver): a replica removed from the fleet (admin API,
+    # another instance through shared state) is no longer consumed.
+    def replica_removed(self, replica_id: str) -> None:
+        self.discard(replica_id)
+
+    def replica_stats_changed(self, replica: object, previous: object) -> None:
+        """Scraped stats say nothing about KV events."""
+
+    async def _reap(self) -> None:
+        while self._stopping:
+            task = self._stopping.pop()
+            # A task that died of an error has logged it already (see `_run`).
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     async def wait_for_seq(self, replica_id: str, seq: int, timeout_s: float) -> bool:
         """Wait until the batch numbered `seq` of `replica_id` has been applied (tests, admin)."""
