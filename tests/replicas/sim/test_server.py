@@ -409,3 +409,62 @@ async def test_static_batching_and_prefix_caching_off(sim_replica: StartReplica)
         assert usage["prompt_tokens_details"]["cached_tokens"] == 0  # caching is off
     stats = replica.engine.stats()
     assert stats.prefix_cache_hits == 0 and stats.num_running == 0
+
+
+def _gauge(text: str, name: str) -> float:
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(name + "{")]
+    return float(line.rsplit(" ", 1)[1])
+
+
+@pytest.mark.parametrize("scheduling", ["static", "continuous"])
+async def test_static_batching_reserves_kv_for_max_tokens_over_http(
+    sim_replica: StartReplica, scheduling: str
+) -> None:
+    # 40 blocks of 16. Each request: 100 prompt tokens, max_tokens 200, an EOS drawn at 150.
+    # Static batching reserves ceil((100 + 200 - 1) / 16) = 19 blocks per request up front
+    # (the server passes max_tokens, not the drawn length: that would be 16), so 2 of the 4
+    # run and hold 38 blocks; continuous batching admits up to max_num_seqs with the blocks they
+    # use.
+    replica = await sim_replica(
+        scheduling=scheduling,
+        num_gpu_blocks=40,
+        max_num_seqs=4,
+        max_model_len=640,
+        output_len_kind="fixed",
+        output_len_mean=150,
+        time_scale=0.2,
+    )
+    prompts = [list(range(1000 * i, 1000 * i + 100)) for i in range(1, 6)]
+    async with aiohttp.ClientSession() as session:
+        responses = []
+        for prompt in prompts:
+            body = {"prompt": prompt, "max_tokens": 200, "stream": True}
+            responses.append(await session.post(f"{replica.url}/v1/completions", json=body))
+            if len(responses) == 1:  # the gate: the other four queue behind its batch
+                await responses[0].content.readuntil(b"\n\n")
+        gate, ours = responses[0], responses[1:]
+        if scheduling == "static":
+            await gate.read()  # its batch ends; the next one forms from the queue
+        first_event = await ours[0].content.readuntil(b"\n\n")
+        async with session.get(f"{replica.url}/metrics") as r:
+            text = await r.text()
+        stats = replica.engine.stats()
+        bodies = [await r.read() for r in ours]
+        bodies[0] = first_event + bodies[0]
+        gate.release()
+    if scheduling == "static":
+        assert _gauge(text, "vllm:num_requests_running") == 2
+        assert _gauge(text, "vllm:num_requests_waiting") == 2
+        assert _gauge(text, "vllm:kv_cache_usage_perc") == pytest.approx(38 / 40)
+        assert stats.num_used_blocks == 38
+    else:  # the gate and three of ours, each with the blocks it has filled
+        assert _gauge(text, "vllm:num_requests_running") == 4
+        assert _gauge(text, "vllm:kv_cache_usage_perc") < 38 / 40
+    for raw in bodies:  # everyone ends at the drawn EOS, well short of max_tokens
+        chunks = [json.loads(e) for e in _sse_events(raw)[:-1]]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+        assert len(chunks) == 150
+    # Reservation is what static batching buys: it never runs out of blocks mid-batch, while
+    # continuous batching here admits four sequences that outgrow 40 blocks (each reaches 16).
+    preemptions = replica.engine.stats().num_preemptions
+    assert preemptions == 0 if scheduling == "static" else preemptions > 0
