@@ -2,7 +2,7 @@
 
 Everything about a decision happens here, in one place, with no HTTP in sight:
 
-1. `prepare()` builds the `RoutingRequest` once (block hashes via `routing_key_hashes` when the
+1. `prepare()` builds the `RoutingRequest` once (block hashes via `prompt_key` when the
    policy uses prefixes) and looks the prefix index up once.
 2. `choose()` snapshots the healthy candidates as `ReplicaView`s (matched blocks, capacity,
    pending prefill and the blocks the index believes each replica holds), asks the policy, and
@@ -30,7 +30,7 @@ from router.metrics import RouterMetrics
 from router.policies.base import Policy, RoutingRequest
 from router.policies.least_load import least_loaded
 from router.prefix.index import PrefixIndex
-from router.prefix.keys import Tokenizer, routing_key_hashes
+from router.prefix.keys import Tokenizer, prompt_key
 from router.prefix.units import KeyUnits
 
 if TYPE_CHECKING:
@@ -175,16 +175,16 @@ class RoutingCore:
         """Build the routing request once: block hashes, prompt length, prefix matches."""
         members = self.fleet.members(model)
         if endpoint in _ROUTED and self.uses_prefix:
-            block_units = self.units.block_units
-            hashes, prompt_units = routing_key_hashes(
-                endpoint, body, model, block_units, tokenizer=self.tokenizer
-            )
+            # Token-id prompts: true token count, blocks of units.tokens_per_block tokens.
+            key = prompt_key(endpoint, body, model, self.units, tokenizer=self.tokenizer)
+            hashes = key.block_hashes
             request = RoutingRequest(
                 model=model,
                 block_hashes=hashes,
-                prompt_units=prompt_units,
-                prompt_tokens=self.units.units_to_tokens(prompt_units),
-                block_units=block_units,
+                prompt_units=key.prompt_units,
+                prompt_tokens=key.prompt_tokens,
+                block_units=self.units.block_units,
+                key_hash=key.key_hash,
                 session_key=session_key,
                 members=members,
             )
