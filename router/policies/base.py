@@ -30,6 +30,9 @@ class RoutingRequest:
     prompt_tokens: int = 0
     # Units per block, so a policy can turn matched blocks into matched tokens.
     block_units: int = 64
+    # Hash of the whole routing key (router.prefix.keys.PromptKey.key_hash): a stable tie-break
+    # input that tells apart prompts too short to fill one block.
+    key_hash: int = 0
     session_key: str | None = None
     priority: str = "interactive"
     # Every replica that serves the model, up or not (sorted).  A policy that must stay stable

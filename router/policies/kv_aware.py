@@ -126,8 +126,16 @@ def predicted_ttft_s(request: RoutingRequest, view: ReplicaView, s: KvAwareSetti
 
 
 def tiebreak(seed: int, request: RoutingRequest, replica_id: str) -> int:
-    """A stable pseudo-random rank of `replica_id` for this request (same inputs, same rank)."""
-    first = request.block_hashes[0] if request.block_hashes else request.prompt_units
+    """A stable pseudo-random rank of `replica_id` for this request (same inputs, same rank).
+
+    Requests sharing their first block rank the replicas alike (a new prefix's first requests
+    land together); prompts shorter than a block rank them by their whole key, so short
+    prompts spread instead of all following one ranking.
+    """
+    if request.block_hashes:
+        first = request.block_hashes[0]
+    else:
+        first = request.key_hash or request.prompt_units
     return xxhash.xxh64_intdigest(replica_id.encode(), (seed ^ first) & 0xFFFF_FFFF_FFFF_FFFF)
 
 

@@ -13,18 +13,24 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol
 
 import orjson
 import xxhash
 
+from router.errors import BadRequest
+from router.prefix.units import KeyUnits
+
 __all__ = [
     "DEFAULT_BLOCK_UNITS",
     "Endpoint",
+    "PromptKey",
     "Tokenizer",
     "chain_seed",
     "hash_text_blocks",
     "hash_token_blocks",
+    "prompt_key",
     "render_chat",
     "routing_key",
     "routing_key_hashes",
@@ -195,3 +201,59 @@ def routing_key_hashes(
             return tuple(hash_text_blocks(key, seed, block_units)), len(key)
         key = list(tokenizer.encode(key))
     return tuple(hash_token_blocks(key, seed, block_units)), len(key)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptKey:
+    """One request's routing key as the prefix index and the policies see it."""
+
+    block_hashes: tuple[int, ...]
+    # Length in routing-key units, the unit `block_units` counts (characters; tokens in token
+    # mode; for token ids in character mode, characters the tokens stand for).
+    prompt_units: int
+    # Model tokens: exact for token ids and in token mode, estimated from characters otherwise.
+    prompt_tokens: int
+    # Hash of the whole key, partial last block included: tells apart prompts too short to fill
+    # a block (tie-breaks), while equal keys hash alike.
+    key_hash: int
+
+
+def prompt_key(
+    endpoint: str,
+    body: Mapping[str, Any],
+    model: str,
+    units: KeyUnits,
+    *,
+    tokenizer: Tokenizer | None = None,
+) -> PromptKey:
+    """The routing key of one request in `units`, computed once at the edge.
+
+    Text is cut into blocks of `units.block_units` characters, or tokenized first in token mode
+    (`tokenizer` given).  A prompt given as token ids is cut into `units.tokens_per_block`
+    tokens per block (`block_units` in token mode; `block_units / chars_per_token` in character
+    mode), so its blocks hold as much KV as a text prompt's and `prompt_tokens` is its true
+    length, not its length divided by `chars_per_token`.
+    """
+    salt = body.get("cache_salt")
+    seed = chain_seed(model, salt if isinstance(salt, str) else None)
+    key = routing_key(endpoint, body)
+    if isinstance(key, str) and tokenizer is None:
+        block = units.block_units
+        hashes = hash_text_blocks(key, seed, block)
+        tail = key[len(hashes) * block :]
+        last = hashes[-1] if hashes else seed
+        key_hash = _xxh64(tail.encode(), last) if tail else last
+        return PromptKey(tuple(hashes), len(key), units.units_to_tokens(len(key)), key_hash)
+    tokens = list(tokenizer.encode(key)) if isinstance(key, str) and tokenizer else key
+    assert not isinstance(tokens, str)
+    per_block = units.tokens_per_block
+    try:
+        hashes = hash_token_blocks(tokens, seed, per_block)
+        tail_ids = tokens[len(hashes) * per_block :]
+        last = hashes[-1] if hashes else seed
+        key_hash = _xxh64(array(_TOKEN_TYPECODE, tail_ids).tobytes(), last) if tail_ids else last
+    except OverflowError:
+        param = "messages" if endpoint == "chat" else "prompt"
+        raise BadRequest(f"`{param}` has a token id outside 0..2^63-1", param=param) from None
+    n = len(tokens)
+    return PromptKey(tuple(hashes), n * units.block_units // per_block, n, key_hash)

@@ -38,6 +38,13 @@ class KeyUnits:
             raise ValueError("num_gpu_blocks must be >= 0 and block_size > 0")
         return int(num_gpu_blocks * block_size * self.units_per_token) // self.block_units
 
+    @property
+    def tokens_per_block(self) -> int:
+        """Tokens per index block when a prompt comes as token ids: as many as `block_units`
+        units stand for, so one block means the same KV size whatever form the prompt takes
+        (and `capacity_blocks` converts a replica's capacity right for both)."""
+        return max(1, round(self.block_units / self.units_per_token))
+
     def units_to_tokens(self, units: int) -> int:
         """Estimated model tokens in `units` units of the routing key (rounded to nearest)."""
         return round(units / self.units_per_token)

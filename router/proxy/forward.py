@@ -32,6 +32,7 @@ from router.fleet.replica import Replica
 from router.metrics import RouterMetrics
 from router.proxy.headers import REQUEST_ID_HEADER, downstream_headers, upstream_headers
 from router.proxy.retry import RetryPolicy, Timeouts
+from router.proxy.sse import announces_role_only
 
 __all__ = ["Outcome", "Proxy", "request_id_of"]
 
@@ -219,7 +220,11 @@ class Proxy:
                     content = upstream.content
                     first = await content.readany()
                     watchdog.since = None
-                    lease.first_byte()
+                    # Prefill is over at the first token: a chat stream's role-only first
+                    # chunk may come before it (not from vLLM; see router.proxy.sse).
+                    prefilling = ctx.endpoint == "chat" and announces_role_only(first)
+                    if not prefilling:
+                        lease.first_byte()
                     self._observe_ttft(ctx.request.model, loop.time() - outcome.started)
                     resp = web.StreamResponse(
                         status=status,
@@ -245,6 +250,9 @@ class Proxy:
                         watchdog.since = None
                         if not chunk:
                             break
+                        if prefilling and not announces_role_only(chunk):
+                            prefilling = False
+                            lease.first_byte()
                         try:
                             await write(chunk)
                         except ConnectionResetError:

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from router.errors import BadRequest
+from router.policies.base import RoutingRequest
+from router.policies.kv_aware import matched_tokens
 from router.prefix.keys import (
     chain_seed,
     hash_text_blocks,
     hash_token_blocks,
+    prompt_key,
     render_chat,
     routing_key,
     routing_key_hashes,
 )
+from router.prefix.units import KeyUnits
 
 
 def test_only_full_blocks_are_hashed() -> None:
@@ -111,3 +117,69 @@ def test_odd_bodies_do_not_crash() -> None:
             hashes, units = routing_key_hashes(endpoint, body, "m")
             assert units >= 0
             assert isinstance(hashes, tuple)
+            key = prompt_key(endpoint, body, "m", KeyUnits())
+            assert key.prompt_units >= 0 and key.prompt_tokens >= 0
+
+
+def test_prompt_key_of_text_matches_routing_key_hashes() -> None:
+    units = KeyUnits()  # 64 characters per block, 4 characters per token
+    body = {"prompt": "The quick brown fox. " * 20}  # 420 characters
+    key = prompt_key("completions", body, "m", units)
+    assert (key.block_hashes, key.prompt_units) == routing_key_hashes("completions", body, "m")
+    assert key.prompt_tokens == 105
+    body = {"prompt": "abcd" * 10}
+    tokenized = prompt_key(
+        "completions", body, "m", KeyUnits.token_mode(8), tokenizer=_CharTokenizer()
+    )
+    expected = routing_key_hashes("completions", body, "m", 8, tokenizer=_CharTokenizer())
+    assert (tokenized.block_hashes, tokenized.prompt_units) == expected
+    assert tokenized.prompt_tokens == 40
+
+
+def test_token_id_prompts_in_character_mode_count_true_tokens() -> None:
+    """Not len / chars_per_token (a 4x undercount), and blocks of as many tokens as a block of
+    characters stands for, so KV capacity converts alike for both kinds of prompt."""
+    units = KeyUnits(block_units=64, units_per_token=4.0)
+    assert units.tokens_per_block == 16
+    tokens = list(range(1000, 2000))  # 1,000 token ids
+    key = prompt_key("completions", {"prompt": tokens}, "m", units)
+    assert key.prompt_tokens == 1000
+    assert len(key.block_hashes) == 1000 // 16
+    assert list(key.block_hashes) == hash_token_blocks(tokens, chain_seed("m"), 16)
+    # Matched blocks convert back to the tokens they hold; units stay in the block's unit.
+    assert units.blocks_to_tokens(len(key.block_hashes)) == 16 * len(key.block_hashes)
+    assert key.prompt_units == 4000
+    request = RoutingRequest(
+        model="m",
+        block_hashes=key.block_hashes,
+        prompt_units=key.prompt_units,
+        prompt_tokens=key.prompt_tokens,
+        block_units=units.block_units,
+    )
+    assert matched_tokens(request, 10) == 160
+    assert matched_tokens(request, len(key.block_hashes)) == 992
+    # A replica of 100 KV blocks of 16 tokens holds 100 index blocks of either kind of prompt.
+    assert units.capacity_blocks(100, 16) == 100
+    # Uneven ratios round to whole tokens per block.
+    assert KeyUnits(block_units=64, units_per_token=3.5).tokens_per_block == 18
+    assert KeyUnits(block_units=2, units_per_token=4.0).tokens_per_block == 1
+
+
+def test_key_hash_tells_short_prompts_apart() -> None:
+    units = KeyUnits()
+    short = [prompt_key("completions", {"prompt": f"q{i}"}, "m", units) for i in range(10)]
+    assert all(k.block_hashes == () for k in short)
+    assert len({k.key_hash for k in short}) == 10
+    again = prompt_key("completions", {"prompt": "q3"}, "m", units)
+    assert again.key_hash == short[3].key_hash
+    ids = [prompt_key("completions", {"prompt": [i, 7]}, "m", units).key_hash for i in range(5)]
+    assert len(set(ids)) == 5
+    # With full blocks and no tail, the key hash is the last block's (the chain's end).
+    full = prompt_key("completions", {"prompt": "x" * 128}, "m", units)
+    assert full.key_hash == full.block_hashes[-1]
+
+
+def test_out_of_range_token_ids_are_a_bad_request() -> None:
+    with pytest.raises(BadRequest) as info:
+        prompt_key("completions", {"prompt": [2**64] * 40}, "m", KeyUnits())
+    assert info.value.param == "prompt"
