@@ -19,7 +19,8 @@ from router.policies.kv_aware import (
 )
 from router.policies.settings import PolicySettings
 from router.prefix.index import PrefixIndex
-from router.prefix.keys import chain_seed, hash_text_blocks
+from router.prefix.keys import chain_seed, hash_text_blocks, prompt_key
+from router.prefix.units import KeyUnits
 
 # A 2,048-token shared prefix + 128-token question, in 64-character blocks (4 chars per token).
 PREFIX = "S" * (2048 * 4)
@@ -172,3 +173,26 @@ def test_deterministic_given_a_seed(
     best = min(costs.values())
     slack = (best * s.locality_slack) + s.locality_slack_tokens * s.prefill_s_per_token
     assert costs[a.replica_id] <= best + slack + 1e-12
+
+
+def test_prompts_shorter_than_a_block_spread_by_their_key_hash() -> None:
+    """No block to rank by: the whole key's hash decides ties, so different short prompts on an
+    idle fleet do not all follow one ranking, and a repeated prompt goes where it went."""
+    units = KeyUnits()
+    policy = KvAware()
+    views = [ReplicaView(f"r{i}") for i in range(4)]
+
+    def choose(text: str) -> str:
+        key = prompt_key("completions", {"prompt": text}, "m", units)
+        request = RoutingRequest(
+            model="m",
+            block_hashes=key.block_hashes,
+            prompt_units=key.prompt_units,
+            prompt_tokens=key.prompt_tokens,
+            key_hash=key.key_hash,
+        )
+        return policy.choose(request, views).replica_id
+
+    chosen = Counter(choose(f"hello {i}") for i in range(40))  # all the same length
+    assert len(chosen) == 4 and max(chosen.values()) <= 20
+    assert choose("hello 7") == choose("hello 7")
