@@ -170,6 +170,12 @@ class PrefixIndex:
         holder = self._holders.get(replica_id)
         return holder.blocks if holder is not None else 0
 
+    def evictions_of(self, replica_id: str) -> int:
+        """Blocks evicted from `replica_id`'s share since it was added (O(1); `stats()` builds
+        dicts over every replica and model, too much for the request path)."""
+        holder = self._holders.get(replica_id)
+        return holder.evictions if holder is not None else 0
+
     def capacity_of(self, replica_id: str) -> int:
         """The capacity in blocks in force for `replica_id` (its own, else the default)."""
         holder = self._holders.get(replica_id)

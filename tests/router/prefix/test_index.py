@@ -104,6 +104,8 @@ def test_eviction_is_lru_by_leaves() -> None:
     index.insert("m", path_of([1, 1, 1, 5]), "r")
     assert index.match("m", c) == {"r": 2}
     assert index.stats().evictions == {"r": 4}
+    assert index.evictions_of("r") == 4  # the O(1) accessor agrees
+    assert index.evictions_of("unknown") == 0
 
 
 def test_one_walk_reports_every_replica() -> None:
