@@ -469,10 +469,14 @@ async def _stream(
         # went out makes this raise too. aiohttp's own attempt to finish the response then
         # fails quietly, as it does for any response to a departed client.
         await response.prepare(request)
-        if kind == "chat":
-            await response.write(fmt.role_chunk())
+        # Like vLLM's serving_chat, the role chunk goes out with the first engine output, i.e.
+        # after prefill: a router reading the first body byte as "prefill done" is then right.
+        role_pending = kind == "chat"
         while True:
             batch = await stream.next_batch()
+            if role_pending:
+                role_pending = False
+                await response.write(fmt.role_chunk())
             delta = detok.push(batch.token_ids, final=batch.finished)
             released, hit = stops.push(delta, len(batch.token_ids), final=batch.finished)
             if hit is not None:

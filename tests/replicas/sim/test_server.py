@@ -468,3 +468,30 @@ async def test_static_batching_reserves_kv_for_max_tokens_over_http(
     # continuous batching here admits four sequences that outgrow 40 blocks (each reaches 16).
     preemptions = replica.engine.stats().num_preemptions
     assert preemptions == 0 if scheduling == "static" else preemptions > 0
+
+
+async def test_chat_role_chunk_waits_for_prefill(sim_replica: StartReplica) -> None:
+    # vLLM sends the role chunk with the first engine output, so a router may read the first
+    # body byte as "prefill done". Headers go out at once; the body must wait for the prefill.
+    replica = await sim_replica(time_scale=0.5)
+    prompt_tokens = 6000
+    body = {
+        "messages": [{"role": "user", "content": "lorem ips " * (prompt_tokens * 4 // 10)}],
+        "max_tokens": 2,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    modelled_prefill_s = replica.engine.cost_model.prefill_time_s([(prompt_tokens, 0)]) * 0.5
+    loop = asyncio.get_running_loop()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{replica.url}/v1/chat/completions", json=body) as resp,
+    ):
+        assert resp.status == 200
+        headers_at = loop.time()
+        first = await resp.content.readany()
+        first_body_at = loop.time()
+        rest = await resp.read()
+    assert b'"role":"assistant"' in first.replace(b" ", b"")
+    assert first_body_at - headers_at >= 0.5 * modelled_prefill_s
+    assert rest.endswith(b"data: [DONE]\n\n")
