@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -220,10 +220,6 @@ class RoutingCore:
             )
             for r in candidates
         ]
-        index = self.prefix_index
-        if index is not None and ctx.by_policy:
-            # held_blocks: how full each replica's cache is believed to be (prefix-index helper)
-            views = [replace(v, held_blocks=index.holds(v.replica_id)) for v in views]
         if ctx.by_policy:
             decision = self.policy.choose(ctx.request, views)
             self._decision_seconds.observe(time.perf_counter() - started)
