@@ -259,6 +259,9 @@ class PrefixMetrics:
         self._registry = registry
         self._collector: _IndexCollector | None = None
         self._kv_event_labels: set[tuple[str, str]] = set()
+        # Labelled children looked up once (hot path: every routed request).
+        self._route_children: dict[str, tuple[Any, Any]] = {}
+        self._ratio_children: dict[str, Any] = {}
         self.predicted_hit_tokens = Counter(
             _P + "predicted_hit_tokens",
             "Prompt tokens the router predicted the chosen replica had cached",
@@ -302,9 +305,18 @@ class PrefixMetrics:
         if prompt_tokens <= 0:
             return
         hit = min(hit_tokens, prompt_tokens)
-        self.predicted_hit_tokens.labels(replica).inc(hit)
-        self.predicted_prompt_tokens.labels(replica).inc(prompt_tokens)
-        self.match_ratio.labels(policy).observe(hit / prompt_tokens)
+        children = self._route_children.get(replica)
+        if children is None:
+            children = self._route_children[replica] = (
+                self.predicted_hit_tokens.labels(replica),
+                self.predicted_prompt_tokens.labels(replica),
+            )
+        children[0].inc(hit)
+        children[1].inc(prompt_tokens)
+        ratio = self._ratio_children.get(policy)
+        if ratio is None:
+            ratio = self._ratio_children[policy] = self.match_ratio.labels(policy)
+        ratio.observe(hit / prompt_tokens)
 
     def kv_events_applied(self, replica: str, kind: str, count: int) -> None:
         self._kv_event_labels.add((replica, kind))
@@ -315,6 +327,7 @@ class PrefixMetrics:
 
     def forget_replica(self, replica_id: str) -> None:
         """Drop a removed replica's series."""
+        self._route_children.pop(replica_id, None)
         for counter in (
             self.predicted_hit_tokens,
             self.predicted_prompt_tokens,
