@@ -9,7 +9,7 @@ import orjson
 from aiohttp import web
 
 from router.core import Endpoint
-from router.errors import PayloadTooLarge, RouterError
+from router.errors import BadRequest, PayloadTooLarge, RouterError
 from router.http.appstate import STATE, GatewayState
 from router.http.errors import error_response
 from router.http.validation import parse_json_object, validate
@@ -19,10 +19,15 @@ __all__ = ["add_openai_routes"]
 
 
 async def _read_body(request: web.Request, max_bytes: int) -> bytes:
-    if request.content_length is not None and request.content_length > max_bytes:
-        raise PayloadTooLarge(
-            f"the request body has {request.content_length} bytes; the limit is {max_bytes}"
-        )
+    length = request.content_length
+    if length is not None:
+        if length > max_bytes:
+            raise PayloadTooLarge(f"the request body has {length} bytes; the limit is {max_bytes}")
+        try:
+            # One read of a known length (request.read() loops, then copies the buffer).
+            return await request.content.readexactly(length)
+        except asyncio.IncompleteReadError:
+            raise BadRequest("the request body is shorter than its Content-Length") from None
     try:
         return await request.read()
     except web.HTTPRequestEntityTooLarge:  # chunked body over the app's client_max_size

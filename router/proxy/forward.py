@@ -30,7 +30,12 @@ from router.core import Lease, RouteContext, RoutingCore
 from router.errors import NoHealthyReplica, UpstreamError, UpstreamTimeout
 from router.fleet.replica import Replica
 from router.metrics import RouterMetrics
-from router.proxy.headers import REQUEST_ID_HEADER, downstream_headers, upstream_headers
+from router.proxy.headers import (
+    REQUEST_ID_HEADER,
+    copy_downstream_headers,
+    downstream_headers,
+    upstream_headers,
+)
 from router.proxy.retry import RetryPolicy, Timeouts
 from router.proxy.sse import announces_role_only
 
@@ -73,15 +78,15 @@ class _ClientGone(Exception):
     """Writing to the client failed: it closed the connection."""
 
 
-class _Watchdog:
-    """First-byte and idle timeouts with one timer per attempt.
+class _IdleWatchdog:
+    """The idle timeout of a stream, with one timer per attempt instead of one per chunk.
 
     The streaming loop only stamps `since` (loop time it started waiting on the replica, or None
     while it writes to the client); the timer re-arms itself and, when a wait has lasted
     `limit_s`, fires the attempt's `asyncio.Timeout` at once.
     """
 
-    __slots__ = ("_handle", "_loop", "_timer", "expired", "limit_s", "phase", "since")
+    __slots__ = ("_handle", "_loop", "_timer", "expired", "limit_s", "since")
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, timer: asyncio.Timeout, limit_s: float
@@ -89,26 +94,18 @@ class _Watchdog:
         self._loop = loop
         self._timer = timer
         self.limit_s = limit_s
-        self.phase = "first_byte"
-        self.since: float | None = loop.time()
-        self.expired: str | None = None
-        self._handle = loop.call_at(self.since + limit_s, self._check)
+        self.since: float | None = None
+        self.expired = False
+        self._handle = loop.call_at(loop.time() + limit_s, self._check)
 
     def _check(self) -> None:
         now = self._loop.time()
         since = self.since
         if since is not None and now - since >= self.limit_s:
-            self.expired = self.phase
+            self.expired = True
             self._timer.reschedule(now)
             return
         self._handle = self._loop.call_at((since or now) + self.limit_s, self._check)
-
-    def enter_idle(self, idle_s: float) -> None:
-        """The first byte arrived: from now on, bound the silence between chunks."""
-        self.phase = "idle"
-        self.limit_s = idle_s
-        self._handle.cancel()
-        self._handle = self._loop.call_at(self._loop.time() + idle_s, self._check)
 
     def cancel(self) -> None:
         self._handle.cancel()
@@ -195,16 +192,20 @@ class Proxy:
     ) -> web.StreamResponse | _Failure:
         loop = asyncio.get_running_loop()
         timeouts = self._timeouts
-        total_deadline = loop.time() + timeouts.total_s
+        now = loop.time()
+        total_deadline = now + timeouts.total_s
+        first_deadline = now + timeouts.first_byte_s
+        # One timer per attempt: until the first body byte it is bound by the first-byte
+        # timeout (or the total one, if sooner); then by the total one, with the idle watchdog.
+        first_bound = first_deadline < total_deadline
         upstream: aiohttp.ClientResponse | None = None
         resp: web.StreamResponse | None = None
-        watchdog: _Watchdog | None = None
+        watchdog: _IdleWatchdog | None = None
         last_chunk = b""
         complete = False
         with self._core.start(replica, ctx) as lease:
             try:
-                async with asyncio.timeout_at(total_deadline) as timer:
-                    watchdog = _Watchdog(loop, timer, timeouts.first_byte_s)
+                async with asyncio.timeout_at(min(first_deadline, total_deadline)) as timer:
                     upstream = await self._session.post(
                         self._url(replica.url, path),
                         data=body,
@@ -219,22 +220,29 @@ class Proxy:
                         return self._status_failure(lease, upstream, payload)
                     content = upstream.content
                     first = await content.readany()
-                    watchdog.since = None
                     # Prefill is over at the first token: a chat stream's role-only first
                     # chunk may come before it (not from vLLM; see router.proxy.sse).
                     prefilling = ctx.endpoint == "chat" and announces_role_only(first)
                     if not prefilling:
                         lease.first_byte()
                     self._observe_ttft(ctx.request.model, loop.time() - outcome.started)
-                    resp = web.StreamResponse(
-                        status=status,
-                        reason=upstream.reason,
-                        headers=downstream_headers(
-                            upstream.headers, replica.replica_id, outcome.request_id
-                        ),
+                    length = upstream.content_length
+                    if length is not None and len(first) == length:
+                        # The whole answer came at once (a non-streamed answer, as usual): one
+                        # Response, written with its headers in one go after the handler.
+                        complete = True
+                        whole = web.Response(status=status, reason=upstream.reason, body=first)
+                        copy_downstream_headers(
+                            whole.headers, upstream.headers, replica.replica_id, outcome.request_id
+                        )
+                        lease.record_success()
+                        return whole
+                    resp = web.StreamResponse(status=status, reason=upstream.reason)
+                    copy_downstream_headers(
+                        resp.headers, upstream.headers, replica.replica_id, outcome.request_id
                     )
-                    if upstream.content_length is not None:
-                        resp.content_length = upstream.content_length
+                    if length is not None:
+                        resp.content_length = length
                     try:
                         await resp.prepare(request)
                         if first:
@@ -242,7 +250,8 @@ class Proxy:
                     except ConnectionResetError:
                         raise _ClientGone from None
                     last_chunk = first
-                    watchdog.enter_idle(timeouts.idle_s)
+                    timer.reschedule(total_deadline)
+                    watchdog = _IdleWatchdog(loop, timer, timeouts.idle_s)
                     write = resp.write
                     while first:
                         watchdog.since = loop.time()
@@ -275,8 +284,10 @@ class Proxy:
                 kind, message, timed_out = "timeout_connect", "connect timeout", True
             except TimeoutError:
                 timed_out = True
-                expired = watchdog.expired if watchdog is not None else None
-                kind = f"timeout_{expired}" if expired else "timeout_total"
+                if watchdog is not None:
+                    kind = "timeout_idle" if watchdog.expired else "timeout_total"
+                else:
+                    kind = "timeout_first_byte" if first_bound else "timeout_total"
                 message = {
                     "timeout_first_byte": "no first byte within the first-byte timeout",
                     "timeout_idle": "no data within the idle timeout",

@@ -10,6 +10,7 @@ __all__ = [
     "HOP_BY_HOP",
     "REPLICA_HEADER",
     "REQUEST_ID_HEADER",
+    "copy_downstream_headers",
     "downstream_headers",
     "upstream_headers",
 ]
@@ -68,13 +69,21 @@ def downstream_headers(
     upstream: CIMultiDictProxy[str], replica_id: str, request_id: str
 ) -> CIMultiDict[str]:
     """The replica's headers as sent to the client, naming the replica and the request id."""
+    out: CIMultiDict[str] = CIMultiDict()
+    copy_downstream_headers(out, upstream, replica_id, request_id)
+    return out
+
+
+def copy_downstream_headers(
+    out: CIMultiDict[str], upstream: CIMultiDictProxy[str], replica_id: str, request_id: str
+) -> None:
+    """Add `downstream_headers` to `out` (a response's own headers: no intermediate copy)."""
     drop = _RESPONSE_DROP
     if "connection" in upstream:
         drop = drop | frozenset(_connection_tokens(upstream))
-    out: CIMultiDict[str] = CIMultiDict()
+    add = out.add
     for key, value in upstream.items():
         if key.lower() not in drop:
-            out.add(key, value)
+            add(key, value)
     out[REPLICA_HEADER] = replica_id
     out[REQUEST_ID_HEADER] = request_id
-    return out

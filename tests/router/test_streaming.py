@@ -179,3 +179,41 @@ async def test_tcp_nodelay_on_the_client_socket(
     finally:
         await runner.cleanup()
     assert flags and all(flag != 0 for flag in flags)
+
+
+async def test_plain_bodies_pass_unchanged_whole_or_in_pieces(
+    start_upstream: StartUpstream, start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    """A Content-Length answer that arrives at once goes out as one response; one that arrives
+    in pieces is streamed through.  Either way the bytes and the end-to-end headers are the
+    replica's, and the in-flight gauge follows the request."""
+    payload = b'{"id": "cmpl-1",  "choices": [{"text": "caf\\u00e9"}], "odd":  1}'
+    release = asyncio.Event()
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        pieces = request.query.get("pieces") == "1"
+        resp = web.StreamResponse(headers={"Content-Type": "application/json", "X-Extra": "a"})
+        resp.content_length = len(payload)
+        await resp.prepare(request)
+        if pieces:
+            await resp.write(payload[:10])
+            await release.wait()
+        await resp.write(payload[10:] if pieces else payload)
+        await resp.write_eof()
+        return resp
+
+    url = await start_upstream(answer)
+    gw = await start_gateway(fast_config([url], policy="round_robin"))
+    async with http.post(gw.url + "/v1/completions", json={"prompt": "x"}) as r:
+        assert r.status == 200 and await r.read() == payload
+        assert r.headers["X-Extra"] == "a" and r.headers["x-fleet-replica"] == url
+        assert r.headers["Content-Length"] == str(len(payload))
+    async with http.post(gw.url + "/v1/completions?pieces=1", json={"prompt": "x"}) as r:
+        assert r.status == 200
+        assert await r.content.readexactly(10) == payload[:10]  # streamed, not held back
+        async with http.get(gw.url + "/metrics") as m:  # the gauge reads the live count
+            assert f'fleet_router_replica_in_flight{{replica="{url}"}} 1.0' in await m.text()
+        release.set()
+        assert await r.read() == payload[10:]
+    async with http.get(gw.url + "/metrics") as m:
+        assert f'fleet_router_replica_in_flight{{replica="{url}"}} 0.0' in await m.text()
