@@ -26,12 +26,14 @@ from router.prefix.kv_spec import parse_kv_events_spec
 
 __all__ = [
     "ENV_PREFIX",
+    "DnsTarget",
     "OptionValue",
     "ReplicaSpec",
     "RouterConfig",
     "add_config_arguments",
     "config_from_args",
     "load_config",
+    "parse_dns_target",
     "parse_replica_spec",
 ]
 
@@ -65,6 +67,48 @@ def parse_replica_spec(text: str) -> ReplicaSpec:
     return ReplicaSpec(replica_id=name.strip() or url, url=url)
 
 
+@dataclass(frozen=True, slots=True)
+class DnsTarget:
+    """A name whose addresses are replicas (`--discover-dns`): each address A resolved for
+    `host` is the replica `scheme://A:port` (router.fleet.discovery)."""
+
+    scheme: str
+    host: str
+    port: int
+
+    def __str__(self) -> str:  # the metrics label and log text
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    def replica_url(self, address: str) -> str:
+        """The base URL of the replica at `address` (an IPv4 or IPv6 literal)."""
+        if ":" in address:  # IPv6: bracketed, a zone id percent-encoded (RFC 6874)
+            address = "[" + address.replace("%", "%25") + "]"
+        return f"{self.scheme}://{address}:{self.port}"
+
+
+def parse_dns_target(text: str) -> DnsTarget:
+    """Parse `HOST:PORT` or `http(s)://HOST:PORT` (the scheme defaults to http)."""
+    raw = text.strip().rstrip("/")
+    parts = urlsplit(raw if "://" in raw else "http://" + raw)
+    problem = "expected HOST:PORT or http(s)://HOST:PORT"
+    try:
+        port = parts.port
+    except ValueError as exc:
+        port, problem = None, str(exc)
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or not port
+        or parts.path
+        or parts.query
+        or parts.fragment
+        or parts.username is not None
+    ):
+        raise ConfigError(f"discover_dns {text!r}: {problem}")
+    return DnsTarget(scheme=parts.scheme, host=parts.hostname, port=port)
+
+
 def _meta(help_text: str, *, flag: str | None = None) -> dict[str, str]:
     meta = {"help": help_text}
     if flag is not None:
@@ -89,6 +133,29 @@ class RouterConfig:
         default=(),
         metadata=_meta(
             "model /ready waits for (repeatable; default: every model discovered)", flag="--model"
+        ),
+    )
+    # DNS discovery (router.fleet.discovery; docs/gateway.md, "DNS discovery")
+    discover_dns: tuple[str, ...] = field(
+        default=(),
+        metadata=_meta(
+            "[http(s)://]HOST:PORT: every address HOST resolves to is a replica (repeatable; "
+            "e.g. a Kubernetes headless Service)",
+            flag="--discover-dns",
+        ),
+    )
+    discover_dns_interval_s: float = field(
+        default=5.0, metadata=_meta("period of resolving each --discover-dns name")
+    )
+    discover_dns_grace_rounds: int = field(
+        default=2,
+        metadata=_meta("rounds in a row an address must be missing before its replica is removed"),
+    )
+    discover_dns_kv_events_port: int | None = field(
+        default=None,
+        metadata=_meta(
+            "exact mode for discovered replicas: their KV events at tcp://ADDRESS:PORT "
+            "(needs --tokenizer)"
         ),
     )
     # --- routing ---------------------------------------------------------------------------
@@ -203,7 +270,10 @@ class RouterConfig:
     # --- embedded simulated fleet (the zero-configuration default) -------------------------
     sim_replicas: int | None = field(
         default=None,
-        metadata=_meta("in-process sim replicas to start (default: 4 when no --replica, else 0)"),
+        metadata=_meta(
+            "in-process sim replicas to start (default: 4 when no --replica or --discover-dns, "
+            "else 0)"
+        ),
     )
     sim_model: str | None = field(
         default=None, metadata=_meta("model name the sim replicas serve (default: the sim's)")
@@ -221,17 +291,22 @@ class RouterConfig:
         return tuple(parse_replica_spec(text) for text in self.replicas)
 
     @property
+    def dns_targets(self) -> tuple[DnsTarget, ...]:
+        """The `--discover-dns` names, parsed."""
+        return tuple(parse_dns_target(text) for text in self.discover_dns)
+
+    @property
     def embedded_sim_replicas(self) -> int:
         """How many sim replicas the gateway starts in-process (4 when no replica configured)."""
         if self.sim_replicas is not None:
             return self.sim_replicas
-        return 0 if self.replicas else 4
+        return 0 if self.replicas or self.discover_dns else 4
 
 
 def _validate(cfg: RouterConfig) -> None:
     """The one place settings are checked, whatever their source."""
     # Tuples and mappings may arrive as lists/dicts from code or YAML: normalise in place.
-    for name in ("replicas", "models", "kv_events"):
+    for name in ("replicas", "models", "kv_events", "discover_dns"):
         value = getattr(cfg, name)
         if isinstance(value, str) or not isinstance(value, Sequence):
             raise ConfigError(f"{name}: expected a list of strings, got {value!r}")
@@ -255,6 +330,7 @@ def _validate(cfg: RouterConfig) -> None:
         "health_interval_s",
         "health_timeout_s",
         "discovery_interval_s",
+        "discover_dns_interval_s",
         "scrape_timeout_s",
         "circuit_open_s",
         "sim_time_scale",
@@ -290,6 +366,31 @@ def _validate(cfg: RouterConfig) -> None:
         if spec.replica_id in ids:
             problems.append(f"replica id {spec.replica_id!r} appears twice")
         ids.add(spec.replica_id)
+    targets: set[DnsTarget] = set()
+    for text in cfg.discover_dns:
+        try:
+            target = parse_dns_target(text)
+        except ConfigError as exc:
+            problems.append(str(exc))
+            continue
+        if target in targets:
+            problems.append(f"discover_dns {text!r} appears twice")
+        targets.add(target)
+    if cfg.discover_dns_grace_rounds < 1:
+        problems.append(
+            f"discover_dns_grace_rounds must be >= 1, got {cfg.discover_dns_grace_rounds}"
+        )
+    kv_port = cfg.discover_dns_kv_events_port
+    if kv_port is not None:
+        if not 1 <= kv_port <= 65535:
+            problems.append(f"discover_dns_kv_events_port must be in 1..65535, got {kv_port}")
+        if not cfg.discover_dns:
+            problems.append("discover_dns_kv_events_port needs --discover-dns")
+        if cfg.tokenizer is None:
+            problems.append(
+                "discover_dns_kv_events_port (exact mode) needs --tokenizer: own hashes are over "
+                "tokens"
+            )
     if not cfg.chars_per_token > 0:
         problems.append(f"chars_per_token must be > 0, got {cfg.chars_per_token}")
     for name in ("prefix_capacity_blocks", "prefix_max_blocks"):
