@@ -153,6 +153,19 @@ class RouterMetrics:
             ["replica"],
             registry=registry,
         )
+        # --- DNS discovery (router.fleet.discovery) ----------------------------------------
+        self.discovery_errors = Counter(
+            _P + "discovery_errors",
+            "Failed resolutions of a --discover-dns name (nothing is removed on a failure)",
+            ["target"],
+            registry=registry,
+        )
+        self.discovery_replicas = Gauge(
+            _P + "discovery_replicas",
+            "Replicas registered from a --discover-dns name",
+            ["target"],
+            registry=registry,
+        )
         # Prefix index / cache-aware routing: see `PrefixMetrics` at the end of this module.
         self.prefix = PrefixMetrics(registry)
         # Shared-state backend: see `StateBackendCollector` at the end of this module.
