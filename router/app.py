@@ -2,14 +2,16 @@
 
 Every resource is paired with its teardown in an aiohttp cleanup context, in this order
 (torn down in reverse): embedded sim replicas → HTTP client sessions and the proxy → the first
-health round → background loops (health checks, metrics scraping).  No state lives in module
-globals: each app carries its own fleet, metrics registry and sessions under typed `AppKey`s.
+health round → background loops (health checks, metrics scraping) → KV events → DNS discovery.
+No state lives in module globals: each app carries its own fleet, metrics registry and sessions
+under typed `AppKey`s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from router.config import ReplicaSpec, RouterConfig
 from router.core import RoutingCore
 from router.fleet.circuit import CircuitBreaker
+from router.fleet.discovery import DnsDiscovery, Resolver, resolve_addresses
 from router.fleet.health import HealthChecker
 from router.fleet.registry import Fleet
 from router.fleet.scraper import MetricsScraper
@@ -42,12 +45,22 @@ from router.proxy.forward import Proxy
 from router.proxy.retry import ExponentialBackoff, RetryPolicy, Timeouts
 from router.state import SHARED_STATE, SharedFleet, StateSync, make_backend, shared_state_context
 
-__all__ = ["KV_EVENTS", "STATE", "Gateway", "GatewayState", "create_app", "running_gateway"]
+__all__ = [
+    "DNS_DISCOVERY",
+    "KV_EVENTS",
+    "STATE",
+    "Gateway",
+    "GatewayState",
+    "create_app",
+    "running_gateway",
+]
 
 log = logging.getLogger("router")
 
 # Exact mode's KV-event consumer, when configured (prefix-index helper).
 KV_EVENTS = web.AppKey("fleet_router_kv_events", KvEventConsumer)
+# `--discover-dns`: the loop keeping the fleet's "dns" replicas in step with DNS.
+DNS_DISCOVERY = web.AppKey("fleet_router_dns_discovery", DnsDiscovery)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +76,9 @@ class Gateway:
         return self.state.fleet
 
 
-def create_app(config: RouterConfig) -> web.Application:
-    """A gateway application for `config` (start it with any aiohttp runner)."""
+def create_app(config: RouterConfig, *, dns_resolver: Resolver | None = None) -> web.Application:
+    """A gateway application for `config` (start it with any aiohttp runner).  `dns_resolver`
+    replaces the system resolver of `--discover-dns` (tests point names at chosen addresses)."""
     metrics = RouterMetrics(CollectorRegistry(auto_describe=True))
     fleet = SharedFleet(  # a Fleet whose admin changes are shared (router.state)
         metrics=metrics,
@@ -96,7 +110,7 @@ def create_app(config: RouterConfig) -> web.Application:
                 max_blocks=config.prefix_max_blocks,
             )
         )
-        if uses_prefix or config.kv_events
+        if uses_prefix or config.kv_events or config.discover_dns_kv_events_port
         else None,
         tokenizer=tokenizer,
         retry_after_s=config.retry_after_s,
@@ -128,6 +142,9 @@ def create_app(config: RouterConfig) -> web.Application:
     app.cleanup_ctx.append(_client_sessions)
     app.cleanup_ctx.append(_background_loops)
     app.cleanup_ctx.append(_kv_events)
+    app.cleanup_ctx.append(
+        functools.partial(_dns_discovery, resolver=dns_resolver or resolve_addresses)
+    )
     app.on_shutdown.append(_start_draining)
     add_openai_routes(app)
     add_ops_routes(app)
@@ -262,7 +279,7 @@ async def _kv_events(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
     cfg = state.config
     index = state.core.prefix_index
-    if not cfg.kv_events or index is None:
+    if not (cfg.kv_events or cfg.discover_dns_kv_events_port) or index is None:
         yield
         return
 
@@ -293,6 +310,33 @@ async def _kv_events(app: web.Application) -> AsyncIterator[None]:
             state.fleet.observers.remove(consumer)
 
 
+async def _dns_discovery(app: web.Application, *, resolver: Resolver) -> AsyncIterator[None]:
+    """`--discover-dns`: register what the names resolve to before serving, then follow DNS
+    (after the KV-event consumer, which discovered replicas in exact mode join)."""
+    state = app[STATE]
+    cfg = state.config
+    if not cfg.discover_dns:
+        yield
+        return
+    assert state.health is not None
+    discovery = DnsDiscovery(
+        state.fleet,
+        cfg.dns_targets,
+        metrics=state.metrics,
+        interval_s=cfg.discover_dns_interval_s,
+        grace_rounds=cfg.discover_dns_grace_rounds,
+        resolver=resolver,
+        probe=state.health.check,
+        kv_events=app.get(KV_EVENTS),
+        kv_events_port=cfg.discover_dns_kv_events_port,
+    )
+    async with discovery:
+        app[DNS_DISCOVERY] = discovery
+        log.info("dns discovery: %s", ", ".join(
+            f"{t} → {len(discovery.replicas(t))} replicas" for t in discovery.targets))  # fmt: skip
+        yield
+
+
 async def _every(interval_s: float, tick: Callable[[], Awaitable[None]], name: str) -> None:
     """Run `tick` every `interval_s`; one failed round is logged, never fatal to the loop."""
     while True:
@@ -313,11 +357,15 @@ async def _start_draining(app: web.Application) -> None:
 
 @contextlib.asynccontextmanager
 async def running_gateway(
-    config: RouterConfig, host: str = "127.0.0.1", port: int = 0
+    config: RouterConfig,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    dns_resolver: Resolver | None = None,
 ) -> AsyncIterator[Gateway]:
     """Run a gateway for `config` on `host:port` (0 = a free port) until the block exits; on exit
     it stops accepting and lets in-flight requests finish for up to `config.drain_timeout_s`."""
-    app = create_app(config)
+    app = create_app(config, dns_resolver=dns_resolver)
     runner = web.AppRunner(
         app,
         shutdown_timeout=config.drain_timeout_s,
