@@ -30,30 +30,18 @@ import statistics
 import tempfile
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import aiohttp
 import redis.asyncio as aioredis
-from prometheus_client import CollectorRegistry
 
+from loadtest.routing_node import RoutingNode, routing_node
 from replicas.sim import SimSettings, running_replica
 from router.app import running_gateway
 from router.config import ReplicaSpec, RouterConfig
-from router.core import RoutingCore
-from router.fleet.circuit import CircuitBreaker
-from router.metrics import RouterMetrics
-from router.policies import PolicySettings, make_policy
 from router.policies.base import RoutingRequest
-from router.prefix.index import IndexSettings, PrefixIndex
-from router.prefix.units import KeyUnits
-from router.state import (
-    MemoryBackend,
-    RedisBackend,
-    RedisSettings,
-    SharedFleet,
-    StateBackend,
-    StateSync,
-)
+from router.prefix.index import IndexSettings
+from router.state import MemoryBackend, RedisBackend, RedisSettings, StateBackend
 
 REPLICAS = ("r0", "r1", "r2", "r3")
 MODEL = "m"
@@ -88,32 +76,12 @@ async def redis_url() -> AsyncIterator[str]:
             await proc.wait()
 
 
-@dataclass
-class Node:
-    core: RoutingCore
-    index: PrefixIndex
-    sync: StateSync
-    backend: StateBackend
+SPECS = tuple(ReplicaSpec(rid, f"http://127.0.0.1:{40000 + i}") for i, rid in enumerate(REPLICAS))
 
 
-def make_node(backend: StateBackend, capacity_blocks: int) -> Node:
-    metrics = RouterMetrics(CollectorRegistry())
-    fleet = SharedFleet(metrics=metrics, circuit_factory=lambda: CircuitBreaker(3, 1.0, 1))
-    for i, rid in enumerate(REPLICAS):
-        fleet.add(ReplicaSpec(rid, f"http://127.0.0.1:{40000 + i}"))
-    index = PrefixIndex(IndexSettings(default_capacity_blocks=capacity_blocks, max_blocks=10**7))
-    core = RoutingCore(
-        fleet=fleet,
-        policy=make_policy("round_robin", PolicySettings(seed=1)),
-        metrics=metrics,
-        uses_prefix=True,
-        units=KeyUnits(block_units=64),
-        prefix_index=index,
-    )
-    sync = StateSync(backend, core, fleet)
-    fleet.sync = sync
-    fleet.observers += [core, sync]
-    return Node(core, index, sync, backend)
+def make_node(backend: StateBackend, capacity_blocks: int) -> RoutingNode:
+    index = IndexSettings(default_capacity_blocks=capacity_blocks, max_blocks=10**7)
+    return routing_node(backend, SPECS, policy="round_robin", index=index)
 
 
 def workload(

@@ -18,26 +18,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import importlib.util
 import os
-import socket
-import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import aiohttp
 from rich.console import Console
 from rich.table import Table
 
+from loadtest.fleet import FleetSettings, running_fleet, running_peer_router, running_ready_gateway
 from loadtest.runner import RunOutcome, RunSettings, discover_model, execute
 
 __all__ = [
     "PEERS",
     "CompareRow",
-    "FleetSettings",
     "Target",
     "add_compare_arguments",
     "compare",
@@ -94,18 +90,6 @@ def default_targets() -> tuple[Target, ...]:
 
 
 @dataclass(frozen=True, slots=True)
-class FleetSettings:
-    """The simulated fleet each target gets fresh (ignored when ``replicas`` are given)."""
-
-    count: int = 4
-    time_scale: float = 0.05
-    num_gpu_blocks: int | None = None
-    seed: int = 0
-    extra: tuple[tuple[str, Any], ...] = ()  # more SimSettings fields
-    replicas: tuple[str, ...] = ()  # existing replicas to use instead of fresh ones
-
-
-@dataclass(frozen=True, slots=True)
 class CompareRow:
     """One target's result, or why it was skipped."""
 
@@ -121,77 +105,6 @@ def load_ratio(per_replica_requests: Mapping[str, int]) -> float | None:
     if not counts or sum(counts) == 0:
         return None
     return max(counts) / (sum(counts) / len(counts))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-async def _wait_healthy(url: str, timeout_s: float, proc: asyncio.subprocess.Process) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
-        while asyncio.get_running_loop().time() < deadline:
-            if proc.returncode is not None:
-                raise RuntimeError(f"exited with status {proc.returncode}")
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with session.get(url + "/health") as response:
-                    if response.status == 200:
-                        return
-            await asyncio.sleep(0.2)
-    raise RuntimeError(f"not healthy after {timeout_s:.0f}s")
-
-
-@asynccontextmanager
-async def _peer_router(name: str, workers: Sequence[str], log_path: str) -> AsyncIterator[str]:
-    module, policy = PEERS[name]
-    port = _free_port()
-    env = dict(os.environ, HF_ENDPOINT="http://127.0.0.1:9", HF_HUB_OFFLINE="1")
-    args = [
-        sys.executable, "-m", f"{module}.launch_router",
-        "--host", "127.0.0.1", "--port", str(port),
-        "--policy", policy,
-        "--prometheus-port", str(_free_port()),
-        "--worker-urls", *workers,
-    ]  # fmt: skip
-    log = await asyncio.to_thread(open, log_path, "wb")
-    try:
-        proc = await asyncio.create_subprocess_exec(*args, stdout=log, stderr=log, env=env)
-    finally:
-        log.close()  # the child keeps its own descriptor
-    url = f"http://127.0.0.1:{port}"
-    try:
-        await _wait_healthy(url, 60.0, proc)
-        yield url
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-
-
-async def _start_fleet(stack: AsyncExitStack, fleet: FleetSettings) -> tuple[str, ...]:
-    if fleet.replicas:
-        return fleet.replicas
-    from replicas.sim import SimSettings, running_replica
-
-    urls = []
-    for i in range(fleet.count):
-        sim = SimSettings(
-            port=0,
-            time_scale=fleet.time_scale,
-            num_gpu_blocks=fleet.num_gpu_blocks,
-            seed=fleet.seed + i,
-        )
-        if fleet.extra:
-            sim = sim.replace(**dict(fleet.extra))
-        replica = await stack.enter_async_context(running_replica(sim))
-        urls.append(replica.url)
-    return tuple(urls)
 
 
 def _registered_policies() -> set[str]:
@@ -212,24 +125,25 @@ async def _run_target(
     if target.kind in PEERS and importlib.util.find_spec(PEERS[target.kind][0]) is None:
         return CompareRow(target, note="skipped: not installed")
     async with AsyncExitStack() as stack:
-        urls = await _start_fleet(stack, fleet)
+        urls = await stack.enter_async_context(running_fleet(fleet))
         model = run.model or await discover_model(urls[0])
         if target.kind == "client-rr":
             targets = urls
         elif target.kind == "policy":
-            from router.app import running_gateway
             from router.config import RouterConfig
 
             assert target.policy is not None
             config = RouterConfig(
                 host="127.0.0.1", port=0, replicas=urls, policy=target.policy, **router_options
             )
-            gateway = await stack.enter_async_context(running_gateway(config))
+            gateway = await stack.enter_async_context(running_ready_gateway(config))
             targets = (gateway.url,)
         else:
             log = f"/tmp/fleet-loadtest-{target.kind}-{os.getpid()}.log"
             try:
-                peer_url = await stack.enter_async_context(_peer_router(target.kind, urls, log))
+                module, policy = PEERS[target.kind]
+                peer = running_peer_router(module, policy, urls, log_path=log)
+                peer_url = await stack.enter_async_context(peer)
             except (RuntimeError, OSError) as exc:
                 return CompareRow(target, note=f"skipped: did not start ({exc}; log {log})")
             targets = (peer_url,)

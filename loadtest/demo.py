@@ -23,8 +23,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from loadtest.compare import CompareRow, FleetSettings, Target, compare, compare_table
+from loadtest.compare import CompareRow, Target, compare, compare_table
 from loadtest.drivers import DriverConfig
+from loadtest.fleet import FleetSettings
 from loadtest.report import output_console
 from loadtest.runner import RunSettings
 from loadtest.virtual import (

@@ -2,7 +2,8 @@
 
 Hit rates come from the replicas' own counters (vllm:prefix_cache_hits / queries deltas), load
 from their request counters, TTFT from the streaming client.  Workloads are scaled down from the
-standard ones so each run takes a few seconds (benchmarks/routing_quality.py has the harness):
+standard ones so each run takes a few seconds (the scenarios and the harness are
+loadtest.quality's, which benchmarks/routing_quality.py runs at the same scale):
 
 - shared prefix: 16 groups x 10 prompts, 1,024-token system prompts, 64-token questions,
   16 output tokens (SGLang's generated-shared-prefix is 64 x 16, 2,048 / 128 / 256).  Each replica
@@ -16,24 +17,7 @@ standard ones so each run takes a few seconds (benchmarks/routing_quality.py has
 
 from __future__ import annotations
 
-from benchmarks.routing_quality import FleetSpec, PolicyResult, measure
-
-SHARED_PREFIX = FleetSpec()  # the scaled-down defaults above
-
-HOT_PREFIX = FleetSpec(
-    num_gpu_blocks=4096,
-    time_scale=4.0,
-    workload="random",
-    workload_params={
-        "num_prompts": 10_000,
-        "prefix_len": 1024,
-        "input_len": 512,
-        "range_ratio": 0.9,
-        "output_len": 16,
-    },
-    num_requests=200,
-    rate_per_s=46.0,
-)
+from loadtest.quality import HOT_PREFIX, SHARED_PREFIX, PolicyResult, measure
 
 
 def _report(results: list[PolicyResult]) -> None:

@@ -10,7 +10,6 @@ questions each), so the engines evict and the index follows their BlockRemoved e
 
 from __future__ import annotations
 
-import asyncio
 import io
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from prometheus_client import generate_latest
 from rich.console import Console
 
 from loadtest.drivers import DriverConfig
+from loadtest.fleet import capacity_known
 from loadtest.runner import RunSettings, execute
 from replicas.sim import SimReplica, SimSettings, start_replica
 from router.app import KV_EVENTS, running_gateway
@@ -77,10 +77,7 @@ async def test_predicted_hits_match_observed_hits(tmp_path: Path) -> None:
         async with running_gateway(config) as gateway:
             consumer = gateway.app[KV_EVENTS]
             assert {s.replica_id for s in consumer.sources} == {f"r{i}" for i in range(REPLICAS)}
-            for _ in range(100):  # KV capacity scraped before traffic
-                if all(r.stats.num_gpu_blocks for r in gateway.fleet):
-                    break
-                await asyncio.sleep(0.05)
+            assert await capacity_known(gateway)  # KV capacity scraped before traffic
             settings = RunSettings(
                 targets=(gateway.url,),
                 workload="shared-prefix",
