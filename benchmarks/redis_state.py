@@ -257,20 +257,19 @@ async def warm_up(url: str, blocks_target: int) -> None:
     stream_entries = await client.xlen(a.backend.keys.changes)
     blocks = a.index.blocks
 
-    b = make_node(RedisBackend(settings, instance_id="joiner"), capacity_blocks=1 << 20)
-    t0 = time.perf_counter()
-    await b.backend.start(b.sync)
-    join_s = time.perf_counter() - t0
-    same = b.index.stats().held_blocks == a.index.stats().held_blocks
-    await b.backend.stop()
+    async def join(instance_id: str) -> tuple[float, bool]:
+        """A new instance starts: (seconds to warm up, whether it holds what `a` holds)."""
+        node = make_node(RedisBackend(settings, instance_id=instance_id), capacity_blocks=1 << 20)
+        t0 = time.perf_counter()
+        await node.backend.start(node.sync)
+        took_s = time.perf_counter() - t0
+        same = node.index.stats().held_blocks == a.index.stats().held_blocks
+        await node.backend.stop()
+        return took_s, same
 
+    join_s, same = await join("joiner")
     await client.delete(a.backend.keys.snapshot)
-    c = make_node(RedisBackend(settings, instance_id="replayer"), capacity_blocks=1 << 20)
-    t0 = time.perf_counter()
-    await c.backend.start(c.sync)
-    replay_s = time.perf_counter() - t0
-    same_replay = c.index.stats().held_blocks == a.index.stats().held_blocks
-    await c.backend.stop()
+    replay_s, same_replay = await join("replayer")
     await a.backend.stop()
     await client.aclose()
     await _drop(url, prefix)

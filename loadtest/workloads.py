@@ -271,21 +271,37 @@ class TraceParams:
 # --------------------------------------------------------------------------- generators
 
 
-def _shared_prefix(p: SharedPrefixParams, rng: random.Random) -> Iterator[Session]:
-    systems = [filler(rng, p.system_prompt_len) for _ in range(p.num_groups)]
+def _grouped(
+    rng: random.Random,
+    tag: str,
+    groups: int,
+    per_group: int,
+    prefix_len: int,
+    question_len: int,
+    output_len: int,
+) -> Iterator[Session]:
+    """``groups`` shared prefixes, ``per_group`` questions each; every pass shuffled anew."""
+    prefixes = [filler(rng, prefix_len) for _ in range(groups)]
     for epoch in itertools.count():
         batch = [
             Session(
-                session_id=f"sp-e{epoch}-g{g}-p{i}",
-                turns=(Turn(user=filler(rng, p.question_len), max_tokens=p.output_len),),
-                system=systems[g],
+                session_id=f"{tag}-e{epoch}-g{g}-p{i}",
+                turns=(Turn(user=filler(rng, question_len), max_tokens=output_len),),
+                system=prefixes[g],
                 group=g,
             )
-            for g in range(p.num_groups)
-            for i in range(p.prompts_per_group)
+            for g in range(groups)
+            for i in range(per_group)
         ]
         rng.shuffle(batch)
         yield from batch
+
+
+def _shared_prefix(p: SharedPrefixParams, rng: random.Random) -> Iterator[Session]:
+    return _grouped(
+        rng, "sp", p.num_groups, p.prompts_per_group, p.system_prompt_len, p.question_len,
+        p.output_len,
+    )  # fmt: skip
 
 
 def _multi_turn(p: MultiTurnParams, rng: random.Random) -> Iterator[Session]:
@@ -347,21 +363,8 @@ def _long_prompt_mix(p: LongPromptMixParams, rng: random.Random) -> Iterator[Ses
 
 
 def _prefix_repetition(p: PrefixRepetitionParams, rng: random.Random) -> Iterator[Session]:
-    prefixes = [filler(rng, p.prefix_len) for _ in range(p.num_prefixes)]
     per_prefix = -(-p.num_prompts // p.num_prefixes)
-    for epoch in itertools.count():
-        batch = [
-            Session(
-                session_id=f"pr-e{epoch}-g{g}-p{i}",
-                turns=(Turn(user=filler(rng, p.suffix_len), max_tokens=p.output_len),),
-                system=prefixes[g],
-                group=g,
-            )
-            for g in range(p.num_prefixes)
-            for i in range(per_prefix)
-        ]
-        rng.shuffle(batch)
-        yield from batch
+    return _grouped(rng, "pr", p.num_prefixes, per_prefix, p.prefix_len, p.suffix_len, p.output_len)
 
 
 def _trace(p: TraceParams, rng: random.Random) -> Iterator[Session]:

@@ -51,8 +51,6 @@ __all__ = [
     "StreamFormatter",
     "TokenizeRequest",
     "Usage",
-    "chat_response",
-    "completion_response",
     "detokenize_response",
     "embedding_vector",
     "embeddings_response",
@@ -65,6 +63,7 @@ __all__ = [
     "parse_json_object",
     "parse_tokenize",
     "render_chat",
+    "response_body",
     "sse_event",
     "tokenize_response",
 ]
@@ -638,7 +637,8 @@ class StreamFormatter:
         }
 
 
-def completion_response(
+def response_body(
+    kind: Kind,
     request_id: str,
     model: str,
     created: int,
@@ -647,65 +647,36 @@ def completion_response(
     stop_reason: str | None,
     usage: Usage,
 ) -> dict[str, Any]:
-    """A non-streamed /v1/completions body."""
-    return {
+    """A non-streamed /v1/completions or /v1/chat/completions body, keys in vLLM's order."""
+    choice: dict[str, Any] = {"index": 0}
+    if kind == "chat":
+        choice["message"] = {
+            "role": "assistant",
+            "content": text,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "tool_calls": [],
+            "reasoning_content": None,
+        }
+    else:
+        choice["text"] = text
+    choice.update(logprobs=None, finish_reason=finish_reason, stop_reason=stop_reason)
+    body: dict[str, Any] = {
         "id": request_id,
-        "object": "text_completion",
+        "object": "chat.completion" if kind == "chat" else "text_completion",
         "created": created,
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": finish_reason,
-                "stop_reason": stop_reason,
-                "prompt_logprobs": None,
-            }
-        ],
-        "usage": usage.as_dict(),
+        "choices": [choice],
     }
-
-
-def chat_response(
-    request_id: str,
-    model: str,
-    created: int,
-    text: str,
-    finish_reason: str,
-    stop_reason: str | None,
-    usage: Usage,
-) -> dict[str, Any]:
-    """A non-streamed /v1/chat/completions body."""
-    return {
-        "id": request_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {
-                    "role": "assistant",
-                    "content": text,
-                    "refusal": None,
-                    "annotations": None,
-                    "audio": None,
-                    "function_call": None,
-                    "tool_calls": [],
-                    "reasoning_content": None,
-                },
-                "logprobs": None,
-                "finish_reason": finish_reason,
-                "stop_reason": stop_reason,
-            }
-        ],
-        "service_tier": None,
-        "system_fingerprint": None,
-        "usage": usage.as_dict(),
-        "prompt_logprobs": None,
-        "kv_transfer_params": None,
-    }
+    if kind == "chat":
+        body.update(service_tier=None, system_fingerprint=None, usage=usage.as_dict())
+        body.update(prompt_logprobs=None, kv_transfer_params=None)
+    else:
+        choice["prompt_logprobs"] = None
+        body["usage"] = usage.as_dict()
+    return body
 
 
 def models_response(names: Sequence[str], root: str, max_model_len: int) -> dict[str, Any]:

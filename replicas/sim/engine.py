@@ -193,6 +193,18 @@ class StepSummary:
         self.outputs: list[RequestOutput] = []
 
 
+def _step_tokens(remaining: int, budget: int, whole: bool, first: bool) -> int | None:
+    """Prompt tokens of one request to compute this step, within the step's token ``budget``.
+
+    Without chunked prefill (``whole``) the rest of the prompt goes at once, over the budget only
+    as the step's ``first`` piece of work (None: it waits for the next step); with it, up to the
+    budget.
+    """
+    if whole:
+        return None if remaining > budget and not first else remaining
+    return remaining if remaining < budget else budget
+
+
 class Engine:
     """One simulated replica's engine. Not thread-safe; drive it from one task.
 
@@ -520,12 +532,9 @@ class Engine:
         whole = not self.config.enable_chunked_prefill
         for req in self._prefilling.values():
             remaining = req.prompt_len + req.num_generated - req.num_computed
-            if whole:
-                if remaining > budget and chunks:
-                    break
-                n = remaining
-            else:
-                n = remaining if remaining < budget else budget
+            n = _step_tokens(remaining, budget, whole, not chunks)
+            if n is None:
+                break
             chunks.append((req, n))
             budget -= n
             if budget <= 0:
@@ -554,13 +563,9 @@ class Engine:
             total = req.prompt_len + req.num_generated
             hit_blocks = self._match(req, total)
             hit = len(hit_blocks) * bs
-            remaining = total - hit
-            if whole:
-                if remaining > budget and chunks:
-                    break
-                n = remaining
-            else:
-                n = remaining if remaining < budget else budget
+            n = _step_tokens(total - hit, budget, whole, not chunks)
+            if n is None:
+                break
             need = -(-(hit + n) // bs) - len(hit_blocks)
             if need > pool.num_allocatable - pool.count_unreferenced(hit_blocks):
                 break  # FCFS: the head waits for blocks, nobody overtakes it

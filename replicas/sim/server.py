@@ -407,8 +407,8 @@ async def _generate(
         if isinstance(parsed, CompletionRequest) and parsed.echo:
             text = (prompt_text or state.tokenizer.decode(prompt_ids)) + text
         usage = _usage(stream)
-        make = api.chat_response if kind == "chat" else api.completion_response
-        return _json(make(request_id, model, created, text, reason, stop_reason, usage))
+        body = api.response_body(kind, request_id, model, created, text, reason, stop_reason, usage)
+        return _json(body)
     finally:
         if not stream.finished:  # the client went away, or we are shutting down
             state.runtime.abort(request_id)
