@@ -38,10 +38,6 @@ from tests.deploy.manifests import (
     substitute,
 )
 
-# Metrics the dashboard or rules use that the router does not export yet, with the work that adds
-# them. Strict xfail: when a metric appears the test XPASSes, which fails, and the entry must go.
-PENDING: dict[str, str] = {}
-
 # Grafana's $__rate_interval is max(4 x scrape interval, interval + scrape); over a test this
 # short, a window covering the whole run is the sensible stand-in.
 RATE_INTERVAL = "2m"
@@ -60,11 +56,6 @@ def _used_metrics() -> list[str]:
     for _, expr in rule_expressions():
         names |= metric_names(expr)
     return sorted(names)
-
-
-def _pending(names: set[str]) -> str | None:
-    reasons = sorted({PENDING[n] for n in names if n in PENDING})
-    return "; ".join(reasons) or None
 
 
 @pytest.fixture(scope="module")
@@ -132,27 +123,19 @@ def exposed(stack: tuple[LiveStack, TrafficReport]) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize(
-    "metric",
-    [
-        pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=PENDING[m]))
-        if m in PENDING
-        else m
-        for m in _used_metrics()
-    ],
-)
+@pytest.mark.parametrize("metric", _used_metrics())
 def test_metric_used_by_dashboard_or_rules_is_exposed(metric: str, exposed: set[str]) -> None:
     assert metric in exposed
 
 
 def _query_cases() -> list[Any]:
-    cases = []
-    for query in dashboard_queries():
-        promql = substitute(query.expr, rate_interval=RATE_INTERVAL, variables=VARIABLES)
-        reason = _pending(metric_names(promql))
-        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-        cases.append(pytest.param(promql, id=query.label, marks=marks))
-    return cases
+    return [
+        pytest.param(
+            substitute(query.expr, rate_interval=RATE_INTERVAL, variables=VARIABLES),
+            id=query.label,
+        )
+        for query in dashboard_queries()
+    ]
 
 
 @pytest.mark.parametrize("promql", _query_cases())

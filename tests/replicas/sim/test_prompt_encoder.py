@@ -6,13 +6,13 @@ import threading
 from pathlib import Path
 
 import aiohttp
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replicas.sim.prompt_encoder import INLINE_MAX_CHARS, PromptEncoder
 from replicas.sim.tokenizer import HFTokenizer, SimTokenizer
 from tests.replicas.conftest import StartReplica
+from tests.replicas.sim.bpe import train_bpe
 
 LONG = ("Routers gather shared prefixes where they are cached. déjà vu 🙂 " * 2500)[:131_072]
 
@@ -25,23 +25,8 @@ def test_sim_encode_long_equals_encode(text: str) -> None:
 
 
 def test_hf_encode_long_equals_encode(tmp_path: Path) -> None:
-    tokenizers = pytest.importorskip("tokenizers")
-    t = tokenizers
-    hf = t.Tokenizer(t.models.BPE())
-    hf.pre_tokenizer = t.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    hf.decoder = t.decoders.ByteLevel()
-    trainer = t.trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=["<s>"],
-        initial_alphabet=t.pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    hf.train_from_iterator([LONG[:5000]], trainer)
-    hf.post_processor = t.processors.TemplateProcessing(
-        single="<s> $A", special_tokens=[("<s>", hf.token_to_id("<s>"))]
-    )
-    hf.save(str(tmp_path / "tokenizer.json"))
-    tok = HFTokenizer(str(tmp_path / "tokenizer.json"))
+    path = train_bpe(tmp_path / "tokenizer.json", [LONG[:5000]], vocab_size=400, bos="<s>")
+    tok = HFTokenizer(path)
     for special in (False, True):
         assert tok.encode_long(LONG, special) == tok.encode(LONG, special)
 

@@ -1,8 +1,8 @@
 """A replica with a real tokenizer.json: prompts, generated text, /tokenize, prefix caching.
 
-The tokenizer is trained here, in a temporary directory, with the `tokenizers` package: a
-byte-level BPE like Llama-3's, with Llama-3's chat special tokens and a post-processor that adds
-``<|begin_of_text|>`` (nothing is downloaded).
+The tokenizer is trained here, in a temporary directory (tests.replicas.sim.bpe): a byte-level BPE
+like Llama-3's, with Llama-3's chat special tokens and ``<|begin_of_text|>`` added to every
+encoding (nothing is downloaded).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import tokenizers
 
 from replicas.sim import api
 from replicas.sim.api import ChatMessage, GenerationParams
@@ -22,8 +23,7 @@ from replicas.sim.kv_events import BlockStored
 from replicas.sim.server import plan_output
 from replicas.sim.tokenizer import HFTokenizer, output_token
 from tests.replicas.conftest import StartReplica
-
-tokenizers = pytest.importorskip("tokenizers")
+from tests.replicas.sim.bpe import train_bpe
 
 SPECIAL = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 CORPUS = [
@@ -38,24 +38,8 @@ DOC = " ".join(CORPUS)
 
 @pytest.fixture(scope="module")
 def tokenizer_path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    t = tokenizers
-    tok = t.Tokenizer(t.models.BPE())
-    tok.pre_tokenizer = t.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = t.decoders.ByteLevel()
-    trainer = t.trainers.BpeTrainer(
-        vocab_size=600,
-        special_tokens=SPECIAL,
-        initial_alphabet=t.pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS * 5, trainer)
-    bos = tok.token_to_id("<|begin_of_text|>")
-    tok.post_processor = t.processors.TemplateProcessing(
-        single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", bos)]
-    )
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-    tok.save(str(path))
-    return str(path)
+    return train_bpe(path, CORPUS * 5, vocab_size=600, bos=SPECIAL[0], special=SPECIAL)
 
 
 @pytest.fixture(scope="module")
