@@ -1,6 +1,6 @@
 """deploy/k8s: every object validates against the Kubernetes schemas (offline, strict), and the
 objects fit together: selectors, named ports, probes, the Redis URL, GPUs, non-root, and the
-router's replica list naming exactly the pods of the replica StatefulSet."""
+router discovering the ready pods of the replica Deployment through its headless Service."""
 
 from __future__ import annotations
 
@@ -176,45 +176,57 @@ def test_router_deployment() -> None:
     assert _of(BASE, "PodDisruptionBudget")["fleet-router"]["spec"]["minAvailable"] >= 1
 
 
+def _named_port(ports: list[dict[str, Any]], name: str, key: str = "port") -> int:
+    (port,) = [p[key] for p in ports if p["name"] == name]
+    return int(port)
+
+
 @pytest.mark.parametrize(
-    ("objects", "replica_set"), [(BASE, "sim-replica"), (GPU, "vllm")], ids=["base", "gpu"]
+    ("objects", "replicas"), [(BASE, "sim-replica"), (GPU, "vllm")], ids=["base", "gpu"]
 )
-def test_router_lists_exactly_the_pods_of_the_replica_statefulset(
-    objects: dict[tuple[str, str], dict[str, Any]], replica_set: str
+def test_router_discovers_the_ready_pods_of_the_replica_deployment(
+    objects: dict[tuple[str, str], dict[str, Any]], replicas: str
 ) -> None:
-    """Without DNS discovery in the router, its replica list names each pod's stable DNS name."""
-    sets = _of(objects, "StatefulSet")
-    running = {name for name, s in sets.items() if s["spec"]["replicas"] > 0}
-    assert running == {replica_set}
-    sts = sets[replica_set]
-    service = _of(objects, "Service")[sts["spec"]["serviceName"]]
-    assert service["spec"]["clusterIP"] == "None"
-    http_port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "http")
-    expected = {
-        f"{replica_set}-{i}.{service['metadata']['name']}" for i in range(sts["spec"]["replicas"])
-    }
-    router = _container(_of(objects, "Deployment")["fleet-router"])
+    """The router resolves the replicas' headless Service (one A record per ready pod) and
+    reaches every pod on its http port (and, in exact mode, its kv-events port); so the replicas
+    are a plain Deployment that scales without touching the router."""
+    assert _of(objects, "StatefulSet") == {}, "no workload needs a stable pod name any more"
+    deployments = _of(objects, "Deployment")
+    running = {n for n, d in deployments.items() if d["spec"]["replicas"] > 0}
+    assert running == {"fleet-router", "redis", replicas}
+    deployment = deployments[replicas]
+    container = _container(deployment)
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"  # DNS lists ready pods
+    spec = _of(objects, "Service")[replicas]["spec"]
+    assert spec["clusterIP"] == "None" and spec["publishNotReadyAddresses"] is False
+    assert spec["ipFamilyPolicy"] == "SingleStack"  # one address (one replica) per pod
+    assert spec["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+    router = _container(deployments["fleet-router"])
     cfg = load_config([], env=_env(router))
-    specs = cfg.replica_specs
-    assert {urlsplit(s.url).hostname for s in specs} == expected
-    assert {urlsplit(s.url).port for s in specs} == {http_port}
-    assert {s.replica_id for s in specs} == {h.split(".")[0] for h in expected}
-    # KV events, when on, come from the same pods' kv-events port.
-    kv_port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "kv-events")
-    for text in cfg.kv_events:
-        replica_id, endpoint = text.split("=", 1)
-        url = urlsplit(endpoint)
-        assert url.hostname == f"{replica_id}.{service['metadata']['name']}"
-        assert url.port == kv_port
-    if replica_set == "sim-replica":  # exact mode on the sims (tokenizer "sim", 16-token blocks)
-        assert {t.split("=")[0] for t in cfg.kv_events} == {s.replica_id for s in specs}
+    assert cfg.replicas == () and cfg.embedded_sim_replicas == 0
+    (target,) = cfg.dns_targets
+    namespace = load_yaml(K8S_DIR / "kustomization.yaml")["namespace"]
+    assert target.host == f"{replicas}.{namespace}.svc.cluster.local"
+    assert target.scheme == "http"
+    # The pod's own port: the router connects to pod IPs, never through the Service's port map.
+    assert target.port == _named_port(spec["ports"], "http")
+    assert target.port == _named_port(container["ports"], "http", "containerPort")
+    assert cfg.discover_dns_grace_rounds >= 2  # one DNS flap never drops a replica's index
+    kv_port = _named_port(container["ports"], "kv-events", "containerPort")
+    assert kv_port == _named_port(spec["ports"], "kv-events")
+    if replicas == "sim-replica":  # exact mode on the sims' KV events, in 16-token blocks
+        assert cfg.discover_dns_kv_events_port == kv_port
         assert cfg.tokenizer == "sim" and cfg.block_units == 16
     else:  # approximate mode until a tokenizer.json is provided (see gpu/router-replicas.yaml)
-        assert cfg.kv_events == () and cfg.tokenizer is None
+        assert cfg.discover_dns_kv_events_port is None and cfg.tokenizer is None
+    assert cfg.kv_events == ()  # static KV-event endpoints would name no discovered replica
 
 
 def test_vllm_has_a_gpu_and_exposes_kv_events() -> None:
-    vllm = _of(GPU, "StatefulSet")["vllm"]
+    vllm = _of(GPU, "Deployment")["vllm"]
+    # A rollout replaces pods one at a time without asking for an extra GPU.
+    assert vllm["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     container = _container(vllm)
     assert container["resources"]["limits"]["nvidia.com/gpu"] >= 1
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -235,7 +247,7 @@ def test_replicas_have_headless_services_with_http_and_kv_events(name: str) -> N
 
 
 def test_sim_replica_runs_our_image_as_non_root_listening_beyond_loopback() -> None:
-    sim = _of(BASE, "StatefulSet")["sim-replica"]
+    sim = _of(BASE, "Deployment")["sim-replica"]
     container = _container(sim)
     assert container["command"] == ["fleet-replica"]
     args = container["args"]
