@@ -43,7 +43,9 @@ class Replica:
     ) -> None:
         self.replica_id = replica_id
         self.url = url
-        self.source = source  # "static" (flags/config), "admin" (API) or "sim" (embedded)
+        # "static" (flags/config), "admin" (API), "sim" (embedded), "dns" (--discover-dns) or
+        # "shared" (added by another router instance)
+        self.source = source
         self.circuit = circuit
         self.models: frozenset[str] = frozenset()
         # The replica's own /v1/models entries (served again, merged, by our /v1/models).
