@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 # (replica_id, event type, count) and (replica_id, missed batches)
 EventHook = Callable[[str, str, int], None]
 GapHook = Callable[[str, int], None]
+# "Everything the replay endpoint still has" (sequence numbers are signed 64-bit on the wire).
+_UNBOUNDED_SEQ = 2**63 - 1
 
 
 @dataclass(slots=True)
@@ -45,6 +47,7 @@ class KvEventStats:
     gaps: int = 0  # jumps forward in the sequence
     missed_batches: int = 0  # batches in those jumps
     replayed_batches: int = 0  # of which recovered from the replay endpoint
+    caught_up_batches: int = 0  # replayed on joining: published before this consumer subscribed
     restarts: int = 0
     malformed: int = 0
 
@@ -162,6 +165,14 @@ class KvEventConsumer:
         sub.setsockopt(zmq.SUBSCRIBE, source.topic.encode())
         sub.connect(source.endpoint)
         stats = self.stats[source.replica_id]
+        # A SUB socket misses whatever is published before it has joined (ZMQ's slow joiner),
+        # and a quiet replica may publish nothing more for a long time: catch up from the replay
+        # endpoint at once instead of waiting for the next batch to reveal the gap.  Batches the
+        # SUB socket queued meanwhile and the replay already applied are then skipped.
+        caught_up_to: int | None = None
+        if source.replay_endpoint is not None:
+            stats.caught_up_batches += await self._replay(source, stats, 0, _UNBOUNDED_SEQ)
+            caught_up_to = stats.last_seq
         try:
             while True:
                 frames = await sub.recv_multipart()
@@ -173,6 +184,10 @@ class KvEventConsumer:
                 except KvDecodeError:
                     stats.malformed += 1
                     continue
+                if caught_up_to is not None:
+                    if seq <= caught_up_to:
+                        continue
+                    caught_up_to = None
                 await self._sequence(source, stats, seq)
                 self._apply(source, stats, seq, frames[2])
                 await self._notify()
@@ -190,7 +205,7 @@ class KvEventConsumer:
         if expected is None:
             # Joined after the replica started: what it stored before is unknown unless replayed.
             if seq > 0 and source.replay_endpoint is not None:
-                await self._replay(source, stats, 0, seq)
+                stats.caught_up_batches += await self._replay(source, stats, 0, seq)
             return
         if seq == expected:
             return
@@ -206,16 +221,19 @@ class KvEventConsumer:
         if self._on_gap is not None:
             self._on_gap(source.replica_id, missed)
         if source.replay_endpoint is not None:
-            await self._replay(source, stats, expected, seq)
+            stats.replayed_batches += await self._replay(source, stats, expected, seq)
 
     async def _replay(
         self, source: KvEventSource, stats: KvEventStats, start: int, end: int
-    ) -> None:
-        """Apply batches [start, end) from the replica's replay endpoint, as far as it has them."""
+    ) -> int:
+        """Apply batches [start, end) from the replica's replay endpoint, as far as it has them.
+
+        Returns how many were applied."""
         assert self._ctx is not None and source.replay_endpoint is not None
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.connect(source.replay_endpoint)
+        applied = 0
         try:
             await dealer.send_multipart((b"", start.to_bytes(8, "big")))
             while True:
@@ -225,14 +243,15 @@ class KvEventConsumer:
                     continue
                 seq = decode_seq(frames[1])
                 if seq < 0:
-                    return
+                    return applied
                 if start <= seq < end and (stats.last_seq is None or seq > stats.last_seq):
                     self._apply(source, stats, seq, frames[2])
-                    stats.replayed_batches += 1
+                    applied += 1
         except (TimeoutError, KvDecodeError) as exc:
             log.warning("KV event replay from %s failed: %r", source.replay_endpoint, exc)
         finally:
             dealer.close(linger=0)
+        return applied
 
     def _apply(self, source: KvEventSource, stats: KvEventStats, seq: int, payload: bytes) -> None:
         stats.last_seq = seq
@@ -261,6 +280,7 @@ class KvEventConsumer:
                 "gaps": s.gaps,
                 "missed_batches": s.missed_batches,
                 "replayed_batches": s.replayed_batches,
+                "caught_up_batches": s.caught_up_batches,
                 "restarts": s.restarts,
                 "malformed": s.malformed,
             }

@@ -199,3 +199,36 @@ async def test_gaps_are_counted_and_replayed(tmp_path: Path, replay: bool) -> No
             await server
         fake.close()
         ctx.term()
+
+
+async def test_a_late_subscriber_catches_up_from_a_quiet_replica(tmp_path: Path) -> None:
+    # Everything is published before the consumer exists and nothing after: only a catch-up
+    # from the replay endpoint on joining can tell the index what the replica holds.
+    settings = SimSettings(
+        port=0,
+        model=MODEL,
+        time_scale=0.01,
+        num_gpu_blocks=256,
+        kv_events_endpoint=f"ipc://{tmp_path}/kv",
+        kv_events_replay_endpoint=f"ipc://{tmp_path}/replay",
+    )
+    prompt = "a quiet replica " + "lorem ipsum dolor sit amet " * 40
+    key = routing_key_hashes(
+        "completions", {"prompt": prompt}, MODEL, BLOCK, tokenizer=SimTokenizer()
+    )[0]
+    index = PrefixIndex()
+    async with running_replica(settings) as replica, aiohttp.ClientSession() as http:
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 2, "ignore_eos": True}
+        async with http.post(f"{replica.url}/v1/completions", json=body) as resp:
+            assert resp.status == 200
+            await resp.read()
+        async with KvEventConsumer(ExactIndexer(index)) as consumer:
+            consumer.add(
+                KvEventSource(
+                    "r0", f"ipc://{tmp_path}/kv", MODEL, replay_endpoint=f"ipc://{tmp_path}/replay"
+                )
+            )
+            await eventually(lambda: index.match(MODEL, key).get("r0") == len(key))
+            stats = consumer.stats["r0"]
+            assert stats.caught_up_batches >= 1
+            assert (stats.gaps, stats.replayed_batches) == (0, 0)
