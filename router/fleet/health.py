@@ -59,7 +59,6 @@ class HealthChecker:
         self._timeout_s = timeout_s
         self._discovery_interval_s = discovery_interval_s
         self._clock = clock
-        self._discovered_at: dict[str, float] = {}
 
     async def check_all(self) -> None:
         await asyncio.gather(*(self.check(r) for r in self._fleet))
@@ -100,7 +99,7 @@ class HealthChecker:
             )
 
     def _discovery_due(self, replica: Replica) -> bool:
-        last = self._discovered_at.get(replica.replica_id)
+        last = replica.models_fetched_at
         return last is None or self._clock() - last >= self._discovery_interval_s
 
     async def _discover(self, replica: Replica) -> None:
@@ -109,7 +108,7 @@ class HealthChecker:
         except (aiohttp.ClientError, TimeoutError, ValueError, orjson.JSONDecodeError) as exc:
             replica.last_error = f"/v1/models failed: {type(exc).__name__}: {exc}"
             return
-        self._discovered_at[replica.replica_id] = self._clock()
+        replica.models_fetched_at = self._clock()
         self._fleet.set_models(replica, cards)
         if not replica.models:
             replica.last_error = "/v1/models lists no model"

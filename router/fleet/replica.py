@@ -26,6 +26,7 @@ class Replica:
         "last_error",
         "model_cards",
         "models",
+        "models_fetched_at",
         "replica_id",
         "source",
         "stats",
@@ -50,6 +51,8 @@ class Replica:
         self.models: frozenset[str] = frozenset()
         # The replica's own /v1/models entries (served again, merged, by our /v1/models).
         self.model_cards: dict[str, dict[str, Any]] = {}
+        # When /v1/models last answered (health checker's clock); None before the first answer.
+        self.models_fetched_at: float | None = None
         # Unknown until the first health check answers: not routable before that.
         self.healthy = False
         self.consecutive_health_failures = 0
