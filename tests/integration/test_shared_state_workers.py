@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
+from collections.abc import Iterable
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -45,10 +48,16 @@ async def test_two_worker_processes_share_one_port_and_redis(redis_server_url: s
         keys = KeySchema(prefix)
         try:
 
-            async def instances() -> int:
-                return len([k async for k in client.scan_iter(match=keys.instance_pattern)])
+            async def serving() -> bool:
+                # A worker's heartbeat appears while it starts up (state warm-up runs before the
+                # socket is bound): ready means both heartbeats are there *and* both of those
+                # processes listen on the port, so no connection can be refused from here on.
+                pids = await _instance_pids(client, keys)
+                workers = set(pids.values())
+                return len(workers) == 2 and _listening_pids(port, workers) == workers
 
-            await eventually(lambda: _equals(instances(), 2), timeout_s=60, what="2 workers live")
+            await eventually(serving, timeout_s=60, what="2 workers live and listening")
+            instance_ids = set((await _instance_pids(client, keys)).keys())
             # a new connection per request, so the kernel spreads them over both processes
             connector = aiohttp.TCPConnector(force_close=True)
             async with aiohttp.ClientSession(connector=connector) as session:
@@ -74,9 +83,10 @@ async def test_two_worker_processes_share_one_port_and_redis(redis_server_url: s
             await eventually(lambda: _equals(counted(), 41), timeout_s=10, what="counters")
             # both processes took requests: each published index changes to the shared stream
             origins = {
-                fields[b"o"] for _id, fields in await client.xrange(keys.changes, count=1000)
+                fields[b"o"].decode()
+                for _id, fields in await client.xrange(keys.changes, count=1000)
             }
-            assert len(origins) == 2
+            assert origins == instance_ids
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -94,6 +104,36 @@ async def test_two_worker_processes_share_one_port_and_redis(redis_server_url: s
 
 async def _equals(value: object, expected: object) -> bool:
     return await value == expected  # type: ignore[misc]
+
+
+async def _instance_pids(client: aioredis.Redis, keys: KeySchema) -> dict[str, int]:
+    """Live instance id → its process id, from the heartbeat hashes."""
+    out: dict[str, int] = {}
+    head = len(keys.instance(""))
+    async for key in client.scan_iter(match=keys.instance_pattern):
+        pid = await client.hget(key, "pid")
+        if pid is not None:
+            out[key.decode()[head:]] = int(pid)
+    return out
+
+
+def _listening_pids(port: int, pids: Iterable[int]) -> set[int]:
+    """Those of `pids` holding a TCP socket that listens on 127.0.0.1:`port` (Linux /proc)."""
+    listening: set[str] = set()
+    with open("/proc/net/tcp") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                listening.add(f"socket:[{inode}]")
+    found: set[int] = set()
+    for pid in pids:
+        fd_dir = Path(f"/proc/{pid}/fd")
+        with contextlib.suppress(OSError):  # the process may just have exited
+            if any(os.readlink(fd) in listening for fd in fd_dir.iterdir()):
+                found.add(pid)
+    return found
 
 
 async def _instances_left(url: str, keys: KeySchema) -> int:
