@@ -228,7 +228,7 @@ async def _client_sessions(app: web.Application) -> AsyncIterator[None]:
         state.fleet,
         control_session,
         timeout_s=cfg.health_timeout_s,
-        discovery_interval_s=cfg.discovery_interval_s,
+        models_refresh_interval_s=cfg.models_refresh_interval_s,
     )
     if cfg.scrape_interval_s > 0:
         state.scraper = MetricsScraper(

@@ -226,7 +226,7 @@ class RouterConfig:
     # --- fleet health ----------------------------------------------------------------------
     health_interval_s: float = field(default=2.0, metadata=_meta("active health check period"))
     health_timeout_s: float = field(default=1.0, metadata=_meta("active health check timeout"))
-    discovery_interval_s: float = field(
+    models_refresh_interval_s: float = field(
         default=30.0, metadata=_meta("period of re-reading each replica's /v1/models")
     )
     scrape_interval_s: float = field(
@@ -329,7 +329,7 @@ def _validate(cfg: RouterConfig) -> None:
         "total_timeout_s",
         "health_interval_s",
         "health_timeout_s",
-        "discovery_interval_s",
+        "models_refresh_interval_s",
         "discover_dns_interval_s",
         "scrape_timeout_s",
         "circuit_open_s",

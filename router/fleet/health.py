@@ -51,13 +51,13 @@ class HealthChecker:
         session: aiohttp.ClientSession,
         *,
         timeout_s: float,
-        discovery_interval_s: float,
+        models_refresh_interval_s: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._fleet = fleet
         self._session = session
         self._timeout_s = timeout_s
-        self._discovery_interval_s = discovery_interval_s
+        self._models_refresh_interval_s = models_refresh_interval_s
         self._clock = clock
 
     async def check_all(self) -> None:
@@ -100,7 +100,7 @@ class HealthChecker:
 
     def _discovery_due(self, replica: Replica) -> bool:
         last = replica.models_fetched_at
-        return last is None or self._clock() - last >= self._discovery_interval_s
+        return last is None or self._clock() - last >= self._models_refresh_interval_s
 
     async def _discover(self, replica: Replica) -> None:
         try:
