@@ -57,7 +57,7 @@ __all__ = [
 
 log = logging.getLogger("router")
 
-# Exact mode's KV-event consumer, when configured (prefix-index helper).
+# Exact mode's KV-event consumer, when configured.
 KV_EVENTS = web.AppKey("fleet_router_kv_events", KvEventConsumer)
 # `--discover-dns`: the loop keeping the fleet's "dns" replicas in step with DNS.
 DNS_DISCOVERY = web.AppKey("fleet_router_dns_discovery", DnsDiscovery)
@@ -93,7 +93,7 @@ def create_app(config: RouterConfig, *, dns_resolver: Resolver | None = None) ->
             seed=config.seed, block_units=config.block_units, options=config.policy_options
         ),
     )
-    # Prefix index, token mode and exact mode (prefix-index helper): see docs/routing.md.
+    # Prefix index, token mode and exact mode: see docs/routing.md.
     uses_prefix = spec.uses_prefix if spec is not None else True
     tokenizer = load_routing_tokenizer(config.tokenizer) if config.tokenizer else None
     core = RoutingCore(

@@ -173,7 +173,7 @@ class RouterConfig:
     block_units: int = field(
         default=64, metadata=_meta("prompt units (characters or tokens) per prefix block")
     )
-    # --- prefix index, token mode, exact mode (prefix-index helper) ------------------------
+    # --- prefix index, token mode, exact mode (docs/routing.md) ---------------------------
     chars_per_token: float = field(
         default=4.0, metadata=_meta("characters per model token when prompts are cut by characters")
     )
@@ -245,7 +245,7 @@ class RouterConfig:
     retry_after_s: int = field(
         default=1, metadata=_meta("Retry-After seconds sent with 503 no-healthy-replica")
     )
-    # --- shared state and worker processes (shared-state helper; see docs/redis.md) -------
+    # --- shared state and worker processes (docs/redis.md) --------------------------------
     redis_url: str | None = field(
         default=None,
         metadata=_meta("share fleet state between router instances through this Redis"),

@@ -254,7 +254,7 @@ class RoutingCore:
         if request.prompt_tokens:
             matched = ctx.matches.get(replica.replica_id, 0)
             uncached = max(0, request.prompt_tokens - self.units.blocks_to_tokens(matched))
-            if ctx.by_policy:  # predicted hit vs prompt tokens (prefix-index helper's metrics)
+            if ctx.by_policy:  # predicted hit vs prompt tokens, beside the replica's observed ones
                 self.metrics.prefix.observe_route(
                     self.policy.name,
                     replica.replica_id,

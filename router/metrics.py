@@ -207,10 +207,10 @@ class RouterMetrics:
             del self._request_children[key]  # the requests_total series themselves stay
         self.prefix.forget_replica(replica_id)
 
-    # --- cache-aware routing metrics (added by the prefix-index helper) ------------------------
+    # --- cache-aware routing metrics -------------------------------------------------------------
 
 
-# === prefix index / cache-aware routing (owned by the prefix-index helper) =====================
+# === prefix index / cache-aware routing (docs/routing.md) =======================================
 
 # Fraction of a prompt's tokens the chosen replica was predicted to hold.
 MATCH_RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
@@ -354,7 +354,7 @@ class PrefixMetrics:
                 self.kv_events.remove(*labels)
 
 
-# === state backend (owned by the shared-state helper; see docs/redis.md) ========================
+# === state backend (docs/redis.md) ===============================================================
 
 
 class _BackendStatsSource(Protocol):
