@@ -2,13 +2,15 @@
 
     python benchmarks/redis_state.py            # full run (about a minute)
     python benchmarks/redis_state.py --quick    # smaller, for a smoke check
+    python benchmarks/redis_state.py --only request-path --replicas 4,64
 
 Uses REDIS_URL when set, else starts a private redis-server on a free port.
 
 1. Request-path cost: the side effects the routing core adds per request for shared state
    (`StateSync.routed` after the decision, `StateSync.completed` after the response), with the
    in-process backend and with the Redis backend (its flusher and reader running on the same
-   event loop), 8k-token prompts of a shared-prefix workload.  Also the whole process CPU per
+   event loop), 8k-token prompts of a shared-prefix workload, for each fleet size in
+   `--replicas` (work that grows with the fleet shows up there).  Also the whole process CPU per
    request, background flushing included.
 2. End to end through a gateway: the same requests, one at a time, alternating between a gateway
    with the in-process backend and one with the Redis backend, in front of the same fast sim
@@ -29,7 +31,7 @@ import socket
 import statistics
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
 import aiohttp
@@ -76,12 +78,17 @@ async def redis_url() -> AsyncIterator[str]:
             await proc.wait()
 
 
-SPECS = tuple(ReplicaSpec(rid, f"http://127.0.0.1:{40000 + i}") for i, rid in enumerate(REPLICAS))
+def specs(replicas: Sequence[str]) -> tuple[ReplicaSpec, ...]:
+    return tuple(
+        ReplicaSpec(rid, f"http://127.0.0.1:{40000 + i}") for i, rid in enumerate(replicas)
+    )
 
 
-def make_node(backend: StateBackend, capacity_blocks: int) -> RoutingNode:
+def make_node(
+    backend: StateBackend, capacity_blocks: int, replicas: Sequence[str] = REPLICAS
+) -> RoutingNode:
     index = IndexSettings(default_capacity_blocks=capacity_blocks, max_blocks=10**7)
-    return routing_node(backend, SPECS, policy="round_robin", index=index)
+    return routing_node(backend, specs(replicas), policy="round_robin", index=index)
 
 
 def workload(
@@ -102,51 +109,65 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def request_path(url: str, requests: int) -> None:
+async def request_path(url: str, requests: int, fleet_sizes: Sequence[int]) -> None:
     print("\n## 1. request-path cost of the state backend (8k-token prompts, 512 blocks)")
     prompts = workload(seed=1, groups=32, per_group=max(1, requests // 32), prefix_blocks=480,
                        own_blocks=32)  # fmt: skip
     rows = []
-    for kind in ("memory", "redis"):
-        prefix = f"bench-{os.getpid()}-{kind}:"
-        backend: StateBackend = (
-            MemoryBackend()
-            if kind == "memory"
-            else RedisBackend(RedisSettings(url=url, key_prefix=prefix))
+    for size in fleet_sizes:
+        replicas = tuple(f"r{i}" for i in range(size))
+        for kind in ("memory", "redis"):
+            rows.append((size, kind, *await _request_path_run(url, kind, replicas, prompts)))
+    print(
+        "| replicas | backend | hooks p50 µs | hooks p99 µs"
+        " | CPU µs/request (index, hooks, background) |"
+    )
+    print("|---|---|---|---|---|")
+    for size, kind, p50, p99, cpu_us in rows:
+        print(f"| {size} | {kind} | {p50:.1f} | {p99:.1f} | {cpu_us:.0f} |")
+    for i in range(0, len(rows), 2):
+        added = rows[i + 1][2] - rows[i][2]
+        print(
+            f"{rows[i][0]} replicas: added p50 on the request path (redis - memory): {added:.1f} µs"
         )
-        node = make_node(backend, capacity_blocks=1 << 20)
-        await backend.start(node.sync)
-        samples: list[float] = []
-        cpu0 = time.process_time()
-        wall0 = time.perf_counter()
-        for i, hashes in enumerate(prompts):
-            rid = REPLICAS[i % 4]
-            request = RoutingRequest(
-                model=MODEL,
-                block_hashes=hashes,
-                prompt_units=len(hashes) * 64,
-                prompt_tokens=len(hashes) * 16,
-            )
-            matched = node.index.match(MODEL, hashes).get(rid, 0)
-            node.index.insert(MODEL, hashes, rid)
-            t0 = time.perf_counter_ns()
-            node.sync.routed(request, rid, matched)
-            node.sync.completed(request, rid)
-            samples.append((time.perf_counter_ns() - t0) / 1000)
-            if i % 8 == 7:
-                await asyncio.sleep(0.001)  # requests arrive over time; background work runs
-        await backend.flush()
-        cpu = time.process_time() - cpu0
-        wall = time.perf_counter() - wall0
-        await backend.stop()
-        if isinstance(backend, RedisBackend):
-            await _drop(url, prefix)
-        rows.append((kind, pct(samples, 0.5), pct(samples, 0.99), cpu / len(prompts) * 1e6, wall))
-    print("| backend | hooks p50 µs | hooks p99 µs | CPU µs/request (index, hooks, background) |")
-    print("|---|---|---|---|")
-    for kind, p50, p99, cpu_us, _wall in rows:
-        print(f"| {kind} | {p50:.1f} | {p99:.1f} | {cpu_us:.0f} |")
-    print(f"added p50 on the request path (redis - memory): {rows[1][1] - rows[0][1]:.1f} µs")
+
+
+async def _request_path_run(
+    url: str, kind: str, replicas: Sequence[str], prompts: list[tuple[int, ...]]
+) -> tuple[float, float, float]:
+    """(hooks p50 µs, hooks p99 µs, process CPU µs per request) for one backend and fleet."""
+    prefix = f"bench-{os.getpid()}-{kind}:"
+    backend: StateBackend = (
+        MemoryBackend()
+        if kind == "memory"
+        else RedisBackend(RedisSettings(url=url, key_prefix=prefix))
+    )
+    node = make_node(backend, capacity_blocks=1 << 20, replicas=replicas)
+    await backend.start(node.sync)
+    samples: list[float] = []
+    cpu0 = time.process_time()
+    for i, hashes in enumerate(prompts):
+        rid = replicas[i % len(replicas)]
+        request = RoutingRequest(
+            model=MODEL,
+            block_hashes=hashes,
+            prompt_units=len(hashes) * 64,
+            prompt_tokens=len(hashes) * 16,
+        )
+        matched = node.index.match(MODEL, hashes).get(rid, 0)
+        node.index.insert(MODEL, hashes, rid)
+        t0 = time.perf_counter_ns()
+        node.sync.routed(request, rid, matched)
+        node.sync.completed(request, rid)
+        samples.append((time.perf_counter_ns() - t0) / 1000)
+        if i % 8 == 7:
+            await asyncio.sleep(0.001)  # requests arrive over time; background work runs
+    await backend.flush()
+    cpu = time.process_time() - cpu0
+    await backend.stop()
+    if isinstance(backend, RedisBackend):
+        await _drop(url, prefix)
+    return pct(samples, 0.5), pct(samples, 0.99), cpu / len(prompts) * 1e6
 
 
 async def end_to_end(url: str, rounds: int) -> None:
@@ -295,17 +316,29 @@ async def _drop(url: str, prefix: str) -> None:
     await client.aclose()
 
 
+SECTIONS = ("request-path", "end-to-end", "warm-up")
+
+
 async def _main(args: argparse.Namespace) -> None:
+    sections = args.only or SECTIONS
     async with redis_url() as url:
         print(f"Redis: {url}")
-        await request_path(url, 640 if args.quick else 4_000)
-        await end_to_end(url, 60 if args.quick else 1_000)
-        await warm_up(url, 10_000 if args.quick else 100_000)
+        if "request-path" in sections:
+            sizes = [int(n) for n in args.replicas.split(",")]
+            await request_path(url, 640 if args.quick else 4_000, sizes)
+        if "end-to-end" in sections:
+            await end_to_end(url, 60 if args.quick else 1_000)
+        if "warm-up" in sections:
+            await warm_up(url, 10_000 if args.quick else 100_000)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", action="append", choices=SECTIONS, help="run only this section")
+    parser.add_argument(
+        "--replicas", default="4,64", help="fleet sizes of the request-path section (comma list)"
+    )
     asyncio.run(_main(parser.parse_args()))
 
 

@@ -99,7 +99,7 @@ class StateSync:
         index = self.core.prefix_index
         if index is None:
             return 0
-        now = index.stats().evictions.get(replica_id, 0)
+        now = index.evictions_of(replica_id)  # O(1): this runs twice per request
         before = self._evictions_seen.get(replica_id, 0)
         self._evictions_seen[replica_id] = now
         return max(0, now - before)  # below: the replica was removed and came back
