@@ -26,13 +26,15 @@ public generators allocate a step object per level, several times slower for 500
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import pygtrie
 
-__all__ = ["BYTES_PER_BLOCK_ESTIMATE", "IndexSettings", "IndexStats", "PrefixIndex"]
+__all__ = ["BYTES_PER_BLOCK_ESTIMATE", "Holding", "IndexSettings", "IndexStats", "PrefixIndex"]
 
 _SLOT_BITS: Final = 16
 _SLOT_MASK: Final = (1 << _SLOT_BITS) - 1
@@ -71,6 +73,14 @@ class IndexStats:
     approx_bytes: int
     held_blocks: dict[str, int]  # blocks each replica is believed to hold
     evictions: dict[str, int]  # blocks evicted per replica since it was added (capacity or cap)
+
+
+class Holding(NamedTuple):
+    """One prompt prefix a replica holds: the block-hash path from the root."""
+
+    model: str
+    replica_id: str
+    block_hashes: tuple[int, ...]
 
 
 class _ModelTrie:
@@ -194,6 +204,31 @@ class PrefixIndex:
             evictions={h.replica_id: h.evictions for h in self._holders.values()},
         )
 
+    def holdings(self) -> Iterator[Holding]:
+        """Everything the index holds, as paths, least recently used first over the whole index.
+
+        One path per LRU record (at most one per leaf a replica holds), cut to the blocks the
+        replica still holds.  Inserting them in this order into an empty index with the same
+        settings rebuilds every replica's holdings *and* LRU order (what snapshots rely on).
+
+        Lazy: the records are listed when iteration starts and each path is read when it is
+        yielded, so the index may change between items (a consumer that reads a slice per
+        event-loop turn gets paths that were held at the time each was read).
+        """
+        per_replica = [
+            [(stamp, holder, mt, path) for stamp, (mt, path) in holder.records.items()]
+            for holder in self._holders.values()
+        ]
+        # Records are in stamp order per replica; stamps are unique over the index.
+        for _stamp, holder, mt, path in heapq.merge(*per_replica, key=lambda r: r[0]):
+            if self._holders.get(holder.replica_id) is not holder:
+                continue  # removed meanwhile (its slot may belong to another replica now)
+            if self._tries.get(mt.model) is not mt:
+                continue  # the model's trie emptied and was dropped meanwhile
+            held = self._held_depth(mt, path, holder.slot)
+            if held:
+                yield Holding(mt.model, holder.replica_id, path[:held])
+
     @property
     def blocks(self) -> int:
         """Trie nodes over all models (a block held by two replicas counts once)."""
@@ -316,6 +351,17 @@ class PrefixIndex:
                 break
             nodes.append(node)
         return nodes
+
+    def _held_depth(self, mt: _ModelTrie, path: _Path, slot: int) -> int:
+        """How many leading blocks of `path` the replica in `slot` holds."""
+        node = mt.trie._root
+        depth = 0
+        for step in path:
+            node = node.children.get(step)
+            if node is None or _stamp_of(node.value, slot) is None:
+                break
+            depth += 1
+        return depth
 
     def _touch(self, mt: _ModelTrie, path: _Path, holder: _Holder) -> None:
         self._tick += 1
