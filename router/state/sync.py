@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from router.config import ReplicaSpec
 from router.errors import RouterError
@@ -37,7 +37,7 @@ from router.state.records import (
 if TYPE_CHECKING:
     from router.core import RoutingCore
 
-__all__ = ["SharedFleet", "StateSync", "index_holdings"]
+__all__ = ["SharedFleet", "StateSync"]
 
 log = logging.getLogger(__name__)
 
@@ -167,19 +167,4 @@ class StateSync:
     def snapshot_holdings(self) -> Iterator[tuple[str, str, tuple[int, ...]]]:
         index = self.core.prefix_index
         if index is not None:
-            yield from index_holdings(index)
-
-
-def index_holdings(index: Any) -> Iterator[tuple[str, str, tuple[int, ...]]]:
-    """(model, replica, path) for everything a PrefixIndex holds, each replica's oldest first.
-
-    PrefixIndex has no public iteration yet: this reads its per-replica LRU records (one per
-    leaf, oldest first) and trims each path, through the public `match`, to what the replica
-    still holds (its deepest blocks may have been evicted since the record was made).
-    """
-    for replica_id, holder in list(index._holders.items()):
-        for _stamp, (model_trie, path) in list(holder.records.items()):
-            model = model_trie.model
-            held = index.match(model, path).get(replica_id, 0)
-            if held:
-                yield model, replica_id, path[:held]
+            yield from index.holdings()  # oldest first, so a replay rebuilds the LRU order
