@@ -3,7 +3,7 @@
 fleet-router serve                      # 4 simulated replicas in-process, router on :8080
 fleet-router serve --replica http://gpu-1:8000 --replica http://gpu-2:8000 --policy NAME
 fleet-router demo ...                   # the load-test demo (loadtest.demo)
-fleet-router policies                   # list routing policies
+fleet-router policies                   # list routing policies (the default marked)
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from router import __version__
 from router.app import create_app
 from router.config import RouterConfig, add_config_arguments, config_from_args
 from router.errors import ConfigError
-from router.policies import POLICIES, PolicySettings, make_policy
+from router.policies import DEFAULT_POLICY, POLICIES, PolicySettings, make_policy
 
 __all__ = ["main"]
 
@@ -151,8 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(result or 0)
     args = _parser().parse_args(args_list)
     if args.command == "policies":
+        # One name a line, the default marked after it (`awk '{print $1}'` still lists names).
         for name in sorted(POLICIES):
-            print(name)
+            print(f"{name} (default)" if name == DEFAULT_POLICY else name)
         return 0
     try:
         config = config_from_args(args)
