@@ -355,11 +355,17 @@ class PrefixIndex:
     def _held_depth(self, mt: _ModelTrie, path: _Path, slot: int) -> int:
         """How many leading blocks of `path` the replica in `slot` holds."""
         node = mt.trie._root
+        prev: object = None
         depth = 0
         for step in path:
             node = node.children.get(step)
-            if node is None or _stamp_of(node.value, slot) is None:
+            if node is None:
                 break
+            value = node.value
+            if value is not prev:  # shared along a path stamped by one insert: check on change
+                if _stamp_of(value, slot) is None:
+                    break
+                prev = value
             depth += 1
         return depth
 
