@@ -113,16 +113,18 @@ def _serve_one(config: RouterConfig, reuse_port: bool) -> None:
     asyncio.set_event_loop(loop)
     app = create_app(config)
 
-    async def _announce(app: web.Application) -> None:
+    def _announce(_aiohttp_banner: str) -> None:
+        # run_app calls its `print` once the socket is bound: an on_startup hook would say
+        # "listening" while start-up (state warm-up, first health round) is still going on.
         log.info(
-            "fleet-router %s listening on http://%s:%d (policy %s)",
+            "fleet-router %s listening on http://%s:%d (policy %s, pid %d)",
             __version__,
             config.host,
             config.port,
             config.policy,
+            os.getpid(),
         )
 
-    app.on_startup.append(_announce)
     # Everything allocated so far lives as long as the process: keep it out of the collector's
     # way (fewer, cheaper collections on the request path).
     gc.collect()
@@ -135,7 +137,7 @@ def _serve_one(config: RouterConfig, reuse_port: bool) -> None:
         handler_cancellation=True,
         access_log=logging.getLogger("router.access") if config.access_log else None,
         backlog=4096,
-        print=None,
+        print=_announce,
         loop=loop,
         reuse_port=reuse_port or None,
     )
