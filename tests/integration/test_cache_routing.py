@@ -43,14 +43,21 @@ async def test_shared_prefix_kv_aware_near_oracle_and_balanced() -> None:
     assert cache_aware.hit_rate > rr.hit_rate
 
 
-async def test_hot_prefix_is_spread_and_ttft_beats_round_robin() -> None:
+async def test_hot_prefix_is_spread_and_ttft_keeps_up_with_round_robin() -> None:
     kv = await measure("kv_aware", HOT_PREFIX)
     rr = await measure("round_robin", HOT_PREFIX)
     _report([kv, rr])
     assert kv.failed == 0 and rr.failed == 0
+    # About three replicas' worth of prefill work: at least three must share it.
     busy = [n for n in kv.per_replica_requests.values() if n >= 0.1 * HOT_PREFIX.num_requests]
-    assert len(busy) >= 2, kv.per_replica_requests
+    assert len(busy) >= 3, kv.per_replica_requests
+    assert kv.max_over_mean_load <= 1.5, kv.per_replica_requests
     assert kv.decisions.get("spread", 0) >= 1
     # Locality is kept: nearly every request still hits the hot prefix.
     assert kv.hit_rate >= 0.95 * rr.hit_rate
-    assert kv.ttft_p99_ms < rr.ttft_p99_ms
+    # Tail TTFT, two wall-clock runs compared: with the load spread, kv_aware's p99 and round
+    # robin's are within a busy 2-core machine's noise of each other (run to run, kv/rr went
+    # from 0.77 to 1.14), so a strict "<" flaked.  The hot prefix piled on one replica, which
+    # this guards against, leaves a backlog growing through the run: several times rr's p99
+    # (cache_aware, which keeps a third of the requests on one replica here, measured 5.4x).
+    assert kv.ttft_p99_ms < 1.5 * rr.ttft_p99_ms

@@ -70,9 +70,22 @@ async def test_stall_before_first_byte(sim_replica: StartReplica) -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-    await asyncio.sleep(0.5)  # past the stall: a request that was not cancelled would be queued
+        # The next request stalls as long and only then reaches the engine: once it is served,
+        # a handler that had not been cancelled would have reached the engine too (an event,
+        # not a guess at how long a busy machine takes).
+        async with s.post(f"{replica.url}/v1/completions", json=body) as r:
+            assert r.status == 200
+            await r.read()
     stats = replica.engine.stats()
     assert stats.num_running == 0 and stats.num_waiting == 0
+    served = sum(
+        sample.value
+        for family in replica.registry.collect()
+        if family.name == "vllm:request_success"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    )
+    assert served == 2  # the first and the last; the cancelled one never reached the engine
 
 
 async def test_crash_after_n_requests_kills_the_listener_and_streams(

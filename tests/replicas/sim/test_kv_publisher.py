@@ -82,6 +82,17 @@ async def _drain(sub: zmq.asyncio.Socket, quiet_s: float) -> list[list[bytes]]:
             return messages
 
 
+async def _receive_through(
+    sub: zmq.asyncio.Socket, last_seq: int, timeout_s: float = 30.0
+) -> list[list[bytes]]:
+    """Messages up to and including sequence number ``last_seq`` (a bounded wait)."""
+    messages: list[list[bytes]] = []
+    async with asyncio.timeout(timeout_s):
+        while not messages or int.from_bytes(messages[-1][1], "big") < last_seq:
+            messages.append(await sub.recv_multipart())
+    return messages
+
+
 async def _replay(ctx: zmq.asyncio.Context, endpoint: str, start: int) -> list[list[bytes]]:
     """Fetch buffered batches from `start` on, as vLLM's replay clients do (a DEALER socket)."""
     dealer = ctx.socket(zmq.DEALER)
@@ -136,7 +147,11 @@ async def test_sub_receives_consistent_events(sim_replica: StartReplica, encodin
         first_live = int.from_bytes(live[0][1], "big")
         for i in range(5):
             await _post_prompt(replica.url, [(i * 1000 + j) + 1000 for j in range(200)])
-        live += await _drain(sub, quiet_s=0.5)
+        # Every batch is published before its response ends: receive through the last one
+        # (a quiet period would cut a slow delivery short on a busy machine).
+        publisher = replica.state.publisher
+        assert publisher is not None
+        live += await _receive_through(sub, publisher.next_seq - 1)
         missed = await _replay(ctx, f"tcp://127.0.0.1:{replay_port}", 0)
     finally:
         sub.close(linger=0)

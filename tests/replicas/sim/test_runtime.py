@@ -23,6 +23,7 @@ class _Recorder:
         self.metrics = metrics
         self.steps: list[StepResult] = []
         self.finished: dict[str, RequestStream] = {}
+        self.first_token_step: dict[str, int] = {}  # request id -> index of the step
 
     def on_step(self, result: StepResult) -> None:
         self.steps.append(result)
@@ -31,11 +32,24 @@ class _Recorder:
     def on_tokens(
         self, stream: RequestStream, num_new: int, now_s: float, prev_s: float | None
     ) -> None:
+        if prev_s is None:  # delivered before the step's on_step: it is step len(self.steps)
+            self.first_token_step[stream.request_id] = len(self.steps)
         self.metrics.on_tokens(stream, num_new, now_s, prev_s)
 
     def on_finished(self, stream: RequestStream, now_s: float) -> None:
         self.finished[stream.request_id] = stream
         self.metrics.on_finished(stream, now_s)
+
+
+def _one_at_a_time() -> tuple[Engine, CollectorRegistry, SimMetrics]:
+    """An engine running one sequence at a time, and its metrics on a fresh registry."""
+    config = EngineConfig(num_gpu_blocks=256, max_num_seqs=1, max_num_batched_tokens=512)
+    engine = Engine(config, CostModel(PROFILES[DEFAULT_PROFILE]))
+    registry = CollectorRegistry()
+    metrics = SimMetrics(
+        registry, model_name="m", stats=engine.stats, max_model_len=4096, cache_config={}
+    )
+    return engine, registry, metrics
 
 
 def _hist_sum(registry: CollectorRegistry, name: str) -> float:
@@ -46,12 +60,7 @@ def _hist_sum(registry: CollectorRegistry, name: str) -> float:
 
 async def test_queue_and_prefill_times_follow_the_step_schedule() -> None:
     # One sequence at a time: B and C queue behind A, then behind each other.
-    config = EngineConfig(num_gpu_blocks=256, max_num_seqs=1, max_num_batched_tokens=512)
-    engine = Engine(config, CostModel(PROFILES[DEFAULT_PROFILE]))
-    registry = CollectorRegistry()
-    metrics = SimMetrics(
-        registry, model_name="m", stats=engine.stats, max_model_len=4096, cache_config={}
-    )
+    engine, registry, metrics = _one_at_a_time()
     recorder = _Recorder(metrics)
     # No catch-up reset however slow the machine: the schedule is one unbroken chain.
     runtime = EngineRuntime(engine, time_scale=SCALE, observer=recorder, max_catch_up_s=1e9)
@@ -81,10 +90,11 @@ async def test_queue_and_prefill_times_follow_the_step_schedule() -> None:
         stream = recorder.finished[rid]
         assert stream.first_scheduled_s == pytest.approx(starts[k], abs=1e-9), rid
         assert stream.first_token_s is not None and stream.last_token_s is not None
-        # the first token exists at the end of the admission step (200 tokens fit one step),
-        # never before it; it is delivered after the sleep, so it may be a little late
+        # the first token exists at the end of the admission step (200 tokens fit one step):
+        # that step delivers it, never before its modelled end (a busy machine delivers late,
+        # so lateness is checked by step, not by wall clock)
+        assert recorder.first_token_step[rid] == k, rid
         assert stream.first_token_s >= starts[k + 1] - 1e-9
-        assert stream.first_token_s - starts[k + 1] < 0.25
     # B waited exactly through A's steps, C through A's and B's.
     b, c = recorder.finished["B"], recorder.finished["C"]
     assert b.first_scheduled_s is not None and c.first_scheduled_s is not None
@@ -111,12 +121,7 @@ async def test_queue_and_prefill_times_follow_the_step_schedule() -> None:
 
 
 async def test_request_aborted_while_queued_counts_only_queue_time() -> None:
-    config = EngineConfig(num_gpu_blocks=256, max_num_seqs=1, max_num_batched_tokens=512)
-    engine = Engine(config, CostModel(PROFILES[DEFAULT_PROFILE]))
-    registry = CollectorRegistry()
-    metrics = SimMetrics(
-        registry, model_name="m", stats=engine.stats, max_model_len=4096, cache_config={}
-    )
+    engine, registry, metrics = _one_at_a_time()
     runtime = EngineRuntime(engine, time_scale=SCALE, observer=metrics)
     runtime.start()
     try:
