@@ -185,22 +185,16 @@ def routing_key_hashes(
     *,
     tokenizer: Tokenizer | None = None,
 ) -> tuple[tuple[int, ...], int]:
-    """(chained block hashes, prompt length in units) of one request, computed once at the edge.
+    """(chained block hashes, prompt length in units) of one request.
 
-    Units are characters, or tokens when `tokenizer` is given (token mode: text keys are
-    tokenized locally and `block_units` should be the replicas' `block_size`) or when the prompt
-    is already a list of token ids.  Only full blocks are hashed.
+    `prompt_key` with one unit per token: text is cut into `block_units` characters (tokens in
+    token mode, `tokenizer` given) and a prompt of token ids into `block_units` tokens.  Only full
+    blocks are hashed.
     """
-    if block_units <= 0:
-        raise ValueError(f"block_units must be positive, got {block_units}")
-    salt = body.get("cache_salt")
-    seed = chain_seed(model, salt if isinstance(salt, str) else None)
-    key = routing_key(endpoint, body)
-    if isinstance(key, str):
-        if tokenizer is None:
-            return tuple(hash_text_blocks(key, seed, block_units)), len(key)
-        key = list(tokenizer.encode(key))
-    return tuple(hash_token_blocks(key, seed, block_units)), len(key)
+    key = prompt_key(
+        endpoint, body, model, KeyUnits(block_units, units_per_token=1.0), tokenizer=tokenizer
+    )
+    return key.block_hashes, key.prompt_units
 
 
 @dataclass(frozen=True, slots=True)
