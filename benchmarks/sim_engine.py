@@ -1,7 +1,8 @@
 """Benchmark of the simulated engine in virtual time (no HTTP, no sleeping).
 
 Prints the engine's speed in simulated tokens (prompt + output) per wall second on a few
-workloads, and the three demonstrations of issue 2 with their measured ratios.
+workloads, and the three demonstrations of `replicas.sim.demonstrations` (batching, chunked
+prefill, prefix reuse) with their measured ratios.
 
     python benchmarks/sim_engine.py            # everything (about half a minute)
     python benchmarks/sim_engine.py --quick    # smaller speed workloads

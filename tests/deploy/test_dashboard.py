@@ -1,8 +1,10 @@
 """The Grafana dashboard and the Prometheus files, checked statically.
 
 That every metric exists and every query returns data is shown against live servers in
-test_metrics_live.py; here: the JSON is well formed for Grafana provisioning, every query parses
-as PromQL, the panels the issue asks for are there, and promtool accepts the Prometheus config.
+test_live.py; here: the JSON is well formed for Grafana provisioning, every query parses as
+PromQL, the panels an operator needs (request rate and errors, in-flight, KV usage, predicted vs
+observed hits, evictions, retries, circuits, the Redis backend) are there, and promtool accepts
+the Prometheus config.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The three demonstrations of issue 2, at the stated sizes, in virtual time."""
+"""The three demonstrations (batching, chunked prefill, prefix reuse), at the stated sizes, in
+virtual time."""
 
 from __future__ import annotations
 
