@@ -1,7 +1,8 @@
 """The one error hierarchy of the router.
 
 Every error the router raises on purpose derives from `RouterError`; `router.http.errors` turns
-any of them into an OpenAI-style JSON body in one function.  The tree::
+any of them into an HTTP answer in one function, its body made by `error_body` (the one maker of
+OpenAI-style error bodies, also used for the SSE error event of a broken stream).  The tree::
 
     RouterError                      500  internal_error
     ├── ConfigError                  (startup only: bad flags, env or YAML; never an HTTP answer)
@@ -18,6 +19,8 @@ any of them into an OpenAI-style JSON body in one function.  The tree::
 
 from __future__ import annotations
 
+import orjson
+
 __all__ = [
     "BadRequest",
     "ConfigError",
@@ -30,7 +33,15 @@ __all__ = [
     "UnknownModel",
     "UpstreamError",
     "UpstreamTimeout",
+    "error_body",
 ]
+
+
+def error_body(message: str, error_type: str, param: str | None, code: str | int | None) -> bytes:
+    """`{"error": {"message", "type", "param", "code"}}`, the OpenAI error shape, as JSON."""
+    return orjson.dumps(
+        {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    )
 
 
 class RouterError(Exception):

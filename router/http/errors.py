@@ -7,22 +7,15 @@ from __future__ import annotations
 
 import logging
 
-import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from router.errors import NoHealthyReplica, RouterError
+from router.errors import NoHealthyReplica, RouterError, error_body
 from router.proxy.headers import REQUEST_ID_HEADER
 
-__all__ = ["error_body", "error_middleware", "error_response"]
+__all__ = ["error_middleware", "error_response"]
 
 log = logging.getLogger(__name__)
-
-
-def error_body(message: str, error_type: str, param: str | None, code: str | int | None) -> bytes:
-    return orjson.dumps(
-        {"error": {"message": message, "type": error_type, "param": param, "code": code}}
-    )
 
 
 def error_response(exc: RouterError, request_id: str | None = None) -> web.Response:

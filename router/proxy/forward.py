@@ -27,7 +27,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from router.core import Lease, RouteContext, RoutingCore
-from router.errors import NoHealthyReplica, UpstreamError, UpstreamTimeout
+from router.errors import NoHealthyReplica, UpstreamError, UpstreamTimeout, error_body
 from router.fleet.replica import Replica
 from router.metrics import RouterMetrics
 from router.proxy.headers import (
@@ -349,16 +349,7 @@ class Proxy:
         """The replica failed after the first byte: tell the client instead of going silent."""
         if (resp.content_type or "").startswith(_SSE):
             error = UpstreamTimeout(message) if timed_out else UpstreamError(message)
-            event = orjson.dumps(
-                {
-                    "error": {
-                        "message": error.message,
-                        "type": error.error_type,
-                        "param": None,
-                        "code": error.status,
-                    }
-                }
-            )
+            event = error_body(error.message, error.error_type, None, error.status)
             # Close a half-written event first so the error event parses on its own.
             prefix = b"" if not last_chunk or last_chunk.endswith(b"\n\n") else b"\n\n"
             try:
