@@ -34,6 +34,7 @@ class Fleet:
         self._replicas: dict[str, Replica] = {}
         self._serving: dict[str, tuple[Replica, ...]] = {}
         self._members: dict[str, tuple[str, ...]] = {}
+        self._models: frozenset[str] = frozenset()
         self.observers: list[FleetObserver] = []
 
     # --- membership -------------------------------------------------------------------------
@@ -106,7 +107,7 @@ class Fleet:
     # --- lookups on the hot path ----------------------------------------------------------------
     def models(self) -> frozenset[str]:
         """Every model some registered replica has advertised."""
-        return frozenset(self._serving)
+        return self._models
 
     def serving(self, model: str) -> tuple[Replica, ...]:
         """Replicas advertising `model`, up or not."""
@@ -139,4 +140,6 @@ class Fleet:
             for model in replica.models:
                 serving.setdefault(model, []).append(replica)
         self._serving = {m: tuple(rs) for m, rs in serving.items()}
+        # Read by every request (RoutingCore.resolve_model): built here, not per call.
+        self._models = frozenset(serving)
         self._members = {m: tuple(sorted(r.replica_id for r in rs)) for m, rs in serving.items()}
