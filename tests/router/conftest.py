@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -14,6 +13,7 @@ from aiohttp import web
 from replicas.sim import SimReplica, SimSettings, start_replica
 from router.app import Gateway, running_gateway
 from router.config import RouterConfig
+from tests.router.state.support import eventually
 
 # Sim replicas run this many times faster than the modelled GPU: requests take milliseconds.
 FAST = 0.002
@@ -110,9 +110,5 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 async def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Poll `predicate` until true; fail the test after `timeout_s`."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s}s")
-        await asyncio.sleep(0.02)
+    """Poll `predicate` until true; fail the test after `timeout_s` (one poller: `eventually`)."""
+    await eventually(predicate, timeout_s)

@@ -4,7 +4,6 @@ gaps and replay, a raw ZMQ PUB + ROUTER speaking vLLM's protocol."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import aiohttp
@@ -19,17 +18,10 @@ from router.prefix.exact import ExactIndexer
 from router.prefix.index import PrefixIndex
 from router.prefix.keys import routing_key_hashes
 from router.prefix.kv_events import KvEventConsumer, KvEventSource
+from tests.router.state.support import eventually
 
 MODEL = "sim-model"
 BLOCK = 16
-
-
-async def eventually(check: object, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize("encoding", ["array", "map"])
