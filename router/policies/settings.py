@@ -46,13 +46,3 @@ class PolicySettings:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"policy option {key}: expected an integer, got {value!r}")
         return value
-
-    def bool_option(self, key: str, default: bool) -> bool:
-        value = self.options.get(key, default)
-        if not isinstance(value, bool):
-            raise ConfigError(f"policy option {key}: expected true or false, got {value!r}")
-        return value
-
-    def str_option(self, key: str, default: str) -> str:
-        value = self.options.get(key, default)
-        return str(value)

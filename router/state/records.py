@@ -95,9 +95,6 @@ class ReplicaCounters:
         known = {f.name for f in fields(cls)}
         return cls(**{k: int(v) for k, v in values.items() if k in known})
 
-    def is_zero(self) -> bool:
-        return not any(getattr(self, f.name) for f in fields(ReplicaCounters))
-
 
 @dataclass(frozen=True, slots=True)
 class EvictionRecord:
