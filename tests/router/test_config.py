@@ -14,7 +14,7 @@ from router.policies import DEFAULT_POLICY, POLICIES
 def test_defaults_are_the_documented_ones() -> None:
     cfg = RouterConfig()
     assert cfg.port == 8080
-    assert cfg.policy == "kv_aware" == DEFAULT_POLICY  # the cache-aware default (issue 4)
+    assert cfg.policy == "kv_aware" == DEFAULT_POLICY  # the cache-aware policy is the default
     assert cfg.policy in POLICIES
     assert cfg.replicas == ()
     assert cfg.embedded_sim_replicas == 4  # no replica configured → the embedded default
