@@ -62,9 +62,12 @@ class KvAwareSettings:
     kv_soft_limit: float = 0.85
     kv_full_penalty_tokens: float = 8192.0
     # Candidates whose cost is within best * (1 + locality_slack) + locality_slack_tokens
-    # compete on match length, so near-ties keep the prefix where it is.
-    locality_slack: float = 0.1
-    locality_slack_tokens: float = 256.0
+    # compete on match length, so near-ties keep the prefix where it is.  Kept to a near-tie:
+    # every token of slack is queueing a request accepts on the holder, and the wider band first
+    # used (10% + 256 tokens) delayed a hot prefix's second home, so the requests queued meanwhile
+    # raised TTFT p50 above round robin's (docs/routing.md, "Hot prefix, measured").
+    locality_slack: float = 0.0
+    locality_slack_tokens: float = 128.0
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -69,15 +69,19 @@ def test_a_busy_holder_spills_to_a_cold_replica() -> None:
 
 def test_near_ties_keep_locality() -> None:
     request = request_for(PREFIX + "q" * 512)
-    # The partial holder costs a little more than the idle replica, but within the slack.
+    # The partial holder costs a little more than the idle replica (2 requests in flight = 64
+    # tokens, minus the 16 tokens it holds), but within the slack.
     views = [
         ReplicaView("idle"),
-        ReplicaView("holder", in_flight=8, matched_blocks=1),
+        ReplicaView("holder", in_flight=2, matched_blocks=1),
     ]
     decision = KvAware().choose(request, views)
     assert (decision.replica_id, decision.reason) == ("holder", "prefix_hit")
     strict = KvAware(KvAwareSettings(locality_slack=0.0, locality_slack_tokens=0.0))
     assert strict.choose(request, views).replica_id == "idle"
+    # Beyond the slack the cheaper replica wins (8 in flight: 256 - 16 tokens more).
+    busier = [ReplicaView("idle"), ReplicaView("holder", in_flight=8, matched_blocks=1)]
+    assert KvAware().choose(request, busier).replica_id == "idle"
 
 
 def test_full_kv_is_avoided() -> None:
