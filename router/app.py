@@ -1,7 +1,7 @@
 """Assemble one gateway: `create_app(config)` and `running_gateway(config)`.
 
 Every resource is paired with its teardown in an aiohttp cleanup context, in this order
-(torn down in reverse): embedded sim replicas → HTTP client sessions and the proxy → the first
+(torn down in reverse): embedded sim replicas → the upstream pool, control session and proxy → the first
 health round → background loops (health checks, metrics scraping) → KV events → DNS discovery.
 No state lives in module globals: each app carries its own fleet, metrics registry and sessions
 under typed `AppKey`s.
@@ -43,6 +43,7 @@ from router.prefix.tokenizer import load_routing_tokenizer
 from router.prefix.units import KeyUnits
 from router.proxy.forward import Proxy
 from router.proxy.retry import ExponentialBackoff, RetryPolicy, Timeouts
+from router.proxy.upstream import UpstreamPool
 from router.state import SHARED_STATE, SharedFleet, StateSync, make_backend, shared_state_context
 
 __all__ = [
@@ -186,22 +187,15 @@ async def _embedded_sims(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _client_sessions(app: web.Application) -> AsyncIterator[None]:
-    """The proxy's pooled session (sized for thousands of concurrent streams) and a small,
-    separate one for health checks and scrapes, so probes never queue behind traffic."""
+    """The proxy's connection pool (router.proxy.upstream, sized for thousands of concurrent
+    streams) and a small aiohttp session for health checks and scrapes, so probes never queue
+    behind traffic."""
     state = app[STATE]
     cfg = state.config
-    proxy_session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(
-            limit=cfg.max_connections,
-            limit_per_host=cfg.max_connections_per_replica,
-            ttl_dns_cache=300,
-        ),
-        # Bytes pass through untouched: never decompress, never ask for compression ourselves.
-        auto_decompress=False,
-        skip_auto_headers=("Accept-Encoding",),
-        # A proxy must not keep one client's cookies for the next (and it saves a jar lookup).
-        cookie_jar=aiohttp.DummyCookieJar(),
-        timeout=aiohttp.ClientTimeout(total=None),
+    pool = UpstreamPool(
+        connect_timeout_s=cfg.connect_timeout_s,
+        limit=cfg.max_connections,
+        limit_per_origin=cfg.max_connections_per_replica,
     )
     control_session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=64, ttl_dns_cache=300),
@@ -209,7 +203,7 @@ async def _client_sessions(app: web.Application) -> AsyncIterator[None]:
     )
     state.proxy = Proxy(
         core=state.core,
-        session=proxy_session,
+        pool=pool,
         timeouts=Timeouts(
             connect_s=cfg.connect_timeout_s,
             first_byte_s=cfg.first_byte_timeout_s,
@@ -239,7 +233,7 @@ async def _client_sessions(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        await proxy_session.close()
+        await pool.close()
         await control_session.close()
         state.proxy = state.health = state.scraper = None
 

@@ -1,14 +1,15 @@
 """Forward one request to a replica and stream its answer back, byte for byte.
 
-- The request body goes upstream unchanged; the answer's bytes go to the client as they arrive
-  (`readany()` → `write()`): no re-serialisation, no SSE buffering.  TCP_NODELAY is set on both
-  sockets by aiohttp itself (`BaseProtocol.connection_made`, shared by its client and server).
+- The request body goes upstream unchanged (router.proxy.upstream, our pooled HTTP/1.1 client);
+  the answer's bytes go to the client as they arrive (`read_chunk()` → `write()`): no
+  re-serialisation, no SSE buffering.  TCP_NODELAY is set on both sockets (upstream by our
+  client, downstream by aiohttp's server).
 - Nothing is sent to the client before the replica's first body byte, so until then any failure
   (connect error, timeout, 5xx, 429) is retried on another replica not tried yet, with full-jitter
   backoff.  After the first byte there is no retry: a broken SSE stream ends with an SSE error
   event and `data: [DONE]`; a broken plain body closes the connection (never a silent truncation).
-- Timeouts: connect (aiohttp), first byte and idle-between-chunks (one watchdog timer per attempt,
-  re-armed lazily instead of once per chunk), total (`asyncio.timeout_at`).
+- Timeouts: connect (the upstream pool), first byte and idle-between-chunks (one watchdog timer
+  per attempt, re-armed lazily instead of once per chunk), total (`asyncio.timeout_at`).
 - Cancellation (the client went away, or shutdown) closes the upstream connection, which makes
   vLLM abort the request.  The `Lease` returns the replica's in-flight slot on every path.
 """
@@ -17,14 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
-from yarl import URL
 
 from router.core import Lease, RouteContext, RoutingCore
 from router.errors import NoHealthyReplica, UpstreamError, UpstreamTimeout, error_body
@@ -38,6 +37,14 @@ from router.proxy.headers import (
 )
 from router.proxy.retry import RetryPolicy, Timeouts
 from router.proxy.sse import announces_role_only
+from router.proxy.upstream import (
+    ConnectTimedOut,
+    Origin,
+    TransportError,
+    UpstreamPool,
+    UpstreamResponse,
+    encode_headers,
+)
 
 __all__ = ["Outcome", "Proxy", "request_id_of"]
 
@@ -71,7 +78,27 @@ class _Failure:
     timeout: bool = False
     status: int | None = None
     body: bytes = b""
-    headers: CIMultiDictProxy[str] | None = None
+    headers: Sequence[tuple[str, str]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _RequestHead:
+    """The request head every attempt sends, but for the replica's own Host and path prefix."""
+
+    method: bytes
+    target: bytes  # path and query, as the client sent them
+    headers: bytes  # encoded header lines, hop-by-hop ones dropped
+    content_length: int
+
+    def for_origin(self, origin: Origin) -> bytes:
+        return b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n" % (
+            self.method,
+            origin.path_prefix,
+            self.target,
+            origin.host_header,
+            self.headers,
+            self.content_length,
+        )
 
 
 class _ClientGone(Exception):
@@ -118,23 +145,18 @@ class Proxy:
         self,
         *,
         core: RoutingCore,
-        session: aiohttp.ClientSession,
+        pool: UpstreamPool,
         timeouts: Timeouts,
         retry: RetryPolicy,
         metrics: RouterMetrics,
     ) -> None:
         self._core = core
-        self._session = session
+        self._pool = pool  # connects within timeouts.connect_s; the other timeouts are ours
         self._timeouts = timeouts
         self._retry = retry
         self._metrics = metrics
-        # Connect timeout only: first byte, idle and total are ours (see _Watchdog).
-        self._client_timeout = aiohttp.ClientTimeout(
-            total=None, connect=None, sock_connect=timeouts.connect_s, sock_read=None
-        )
         self._ttft: dict[str, Any] = {}
-        # Parsed upstream URLs by (replica base URL, path): yarl parsing costs on every request.
-        self._urls: dict[tuple[str, str], URL] = {}
+        self._origins: dict[str, Origin] = {}  # by replica base URL (parsed once)
 
     async def forward(
         self,
@@ -144,8 +166,15 @@ class Proxy:
         outcome: Outcome,
     ) -> web.StreamResponse:
         """Answer `request` from a replica chosen for `ctx`, retrying before the first byte."""
-        headers = upstream_headers(request.headers, outcome.request_id, request.remote)
-        path = request.rel_url.raw_path_qs
+        # What every attempt's request head shares; the replica adds its Host and path prefix.
+        head = _RequestHead(
+            method=request.method.encode("ascii"),
+            target=request.rel_url.raw_path_qs.encode("utf-8", "surrogateescape"),
+            headers=encode_headers(
+                upstream_headers(request.headers, outcome.request_id, request.remote)
+            ),
+            content_length=len(body),
+        )
         tried: list[str] = []
         failure: _Failure | None = None
         model = ctx.request.model
@@ -164,7 +193,7 @@ class Proxy:
                 self._metrics.retries.labels(model, failure.kind).inc()
             tried.append(replica.replica_id)
             outcome.replica = replica.replica_id
-            result = await self._attempt(request, replica, path, headers, body, ctx, outcome)
+            result = await self._attempt(request, replica, head, body, ctx, outcome)
             if not isinstance(result, _Failure):
                 return result
             failure = result
@@ -184,8 +213,7 @@ class Proxy:
         self,
         request: web.Request,
         replica: Replica,
-        path: str,
-        headers: CIMultiDict[str],
+        head: _RequestHead,
         body: bytes,
         ctx: RouteContext,
         outcome: Outcome,
@@ -198,39 +226,29 @@ class Proxy:
         # One timer per attempt: until the first body byte it is bound by the first-byte
         # timeout (or the total one, if sooner); then by the total one, with the idle watchdog.
         first_bound = first_deadline < total_deadline
-        upstream: aiohttp.ClientResponse | None = None
+        upstream: UpstreamResponse | None = None
         resp: web.StreamResponse | None = None
         watchdog: _IdleWatchdog | None = None
         last_chunk = b""
-        complete = False
         with self._core.start(replica, ctx) as lease:
             try:
                 async with asyncio.timeout_at(min(first_deadline, total_deadline)) as timer:
-                    upstream = await self._session.post(
-                        self._url(replica.url, path),
-                        data=body,
-                        headers=headers,
-                        timeout=self._client_timeout,
-                        allow_redirects=False,  # a 3xx is the client's to follow
-                    )
+                    origin = self._origin(replica.url)
+                    upstream = await self._pool.send(origin, head.for_origin(origin), body)
                     status = upstream.status
                     if self._retry.retryable_status(status):
-                        payload = await upstream.read()
-                        complete = True  # fully read: the connection goes back to the pool
+                        payload = await upstream.read_all()
                         return self._status_failure(lease, upstream, payload)
-                    content = upstream.content
-                    first = await content.readany()
+                    first = await upstream.read_chunk()
                     # Prefill is over at the first token: a chat stream's role-only first
                     # chunk may come before it (not from vLLM; see router.proxy.sse).
                     prefilling = ctx.endpoint == "chat" and announces_role_only(first)
                     if not prefilling:
                         lease.first_byte()
                     self._observe_ttft(ctx.request.model, loop.time() - outcome.started)
-                    length = upstream.content_length
-                    if length is not None and len(first) == length:
+                    if upstream.complete:
                         # The whole answer came at once (a non-streamed answer, as usual): one
                         # Response, written with its headers in one go after the handler.
-                        complete = True
                         whole = web.Response(status=status, reason=upstream.reason, body=first)
                         copy_downstream_headers(
                             whole.headers, upstream.headers, replica.replica_id, outcome.request_id
@@ -241,8 +259,8 @@ class Proxy:
                     copy_downstream_headers(
                         resp.headers, upstream.headers, replica.replica_id, outcome.request_id
                     )
-                    if length is not None:
-                        resp.content_length = length
+                    if upstream.content_length is not None:
+                        resp.content_length = upstream.content_length
                     try:
                         await resp.prepare(request)
                         if first:
@@ -253,9 +271,10 @@ class Proxy:
                     timer.reschedule(total_deadline)
                     watchdog = _IdleWatchdog(loop, timer, timeouts.idle_s)
                     write = resp.write
+                    read_chunk = upstream.read_chunk
                     while first:
                         watchdog.since = loop.time()
-                        chunk = await content.readany()
+                        chunk = await read_chunk()
                         watchdog.since = None
                         if not chunk:
                             break
@@ -267,7 +286,6 @@ class Proxy:
                         except ConnectionResetError:
                             raise _ClientGone from None
                         last_chunk = chunk
-                    complete = True
                     try:
                         await resp.write_eof()
                     except ConnectionResetError:
@@ -277,11 +295,9 @@ class Proxy:
             except _ClientGone:
                 # Not the replica's fault: no circuit verdict; closing upstream aborts it.
                 outcome.client_gone = True
-                if complete:
+                if upstream is not None and upstream.complete:
                     lease.record_success()
                 return resp if resp is not None else web.Response(status=499)
-            except aiohttp.ConnectionTimeoutError:
-                kind, message, timed_out = "timeout_connect", "connect timeout", True
             except TimeoutError:
                 timed_out = True
                 if watchdog is not None:
@@ -292,19 +308,19 @@ class Proxy:
                     "timeout_first_byte": "no first byte within the first-byte timeout",
                     "timeout_idle": "no data within the idle timeout",
                 }.get(kind, "request exceeded the total timeout")
-            except aiohttp.ClientConnectorError as exc:
-                kind, message, timed_out = "connect", f"cannot connect: {exc.os_error}", False
-            except aiohttp.ClientError as exc:
-                kind, timed_out = "disconnect", False
-                message = f"connection failed: {type(exc).__name__}: {exc}"
+            except TransportError as exc:
+                kind, message = exc.kind, str(exc)
+                timed_out = isinstance(exc, ConnectTimedOut)
             finally:
                 if watchdog is not None:
                     watchdog.cancel()
                 if upstream is not None:
-                    if complete:
+                    # Read to the end: the connection serves again; else closing it aborts
+                    # the request on the replica.
+                    if upstream.complete:
                         upstream.release()
                     else:
-                        upstream.close()  # aborts the request on the replica
+                        upstream.abort()
             # A failed attempt (only connection errors and timeouts reach here).
             lease.record_failure()
             self._metrics.upstream_errors.labels(replica.replica_id, kind).inc()
@@ -315,9 +331,7 @@ class Proxy:
             await self._end_broken_stream(request, resp, last_chunk, message, timed_out)
             return resp
 
-    def _status_failure(
-        self, lease: Lease, upstream: aiohttp.ClientResponse, payload: bytes
-    ) -> _Failure:
+    def _status_failure(self, lease: Lease, upstream: UpstreamResponse, payload: bytes) -> _Failure:
         status = upstream.status
         rid = lease.replica.replica_id
         if status == 429:
@@ -364,14 +378,13 @@ class Proxy:
         if request.transport is not None:
             request.transport.close()
 
-    def _url(self, base: str, path: str) -> URL:
-        key = (base, path)
-        url = self._urls.get(key)
-        if url is None:
-            if len(self._urls) > 1024:  # paths with query strings could grow it without bound
-                self._urls.clear()
-            url = self._urls[key] = URL(base + path, encoded=True)
-        return url
+    def _origin(self, url: str) -> Origin:
+        origin = self._origins.get(url)
+        if origin is None:
+            if len(self._origins) > 4096:  # replicas come and go (DNS discovery): stay bounded
+                self._origins.clear()
+            origin = self._origins[url] = Origin.of(url)
+        return origin
 
     def _observe_ttft(self, model: str, seconds: float) -> None:
         child = self._ttft.get(model)

@@ -1,0 +1,546 @@
+"""The proxy's HTTP/1.1 client: pooled keep-alive connections to replicas, parsed by httptools.
+
+Why not aiohttp's client: on the proxy's hot path it cost more than everything else the router
+does — routing, validation, metrics and aiohttp's own server — put together (a request through
+`ClientSession` builds a `ClientRequest`, a `ClientResponse`, a `StreamReader`, timer and trace
+contexts, and walks the connector's bookkeeping).  This client does only what a proxy needs,
+with llhttp (through httptools, the parser uvicorn uses) doing all the parsing:
+
+- one request at a time per connection, its head and body written in one call;
+- the response head, then its body chunks as they arrive (chunked framing decoded by the
+  parser; the proxy re-frames for its own client);
+- keep-alive reuse, last-in first-out, so the warmest connection serves next; a reused
+  connection that the replica had already closed (its keep-alive timeout racing our send) is
+  replaced by a fresh one once, before any response byte, so the race never reaches the
+  circuit breaker;
+- back-pressure: reading from the replica pauses while more than `_HIGH_WATER` bytes wait for
+  a slow client;
+- caps on open connections, per replica and in all (waiting for a free one, as aiohttp's
+  connector does), a connect timeout, TCP_NODELAY, TLS for https replicas.
+
+Timeouts after connecting (first byte, idle, total) are the proxy's own (router.proxy.forward);
+closing a response (`abort`) drops its connection, which makes vLLM abort the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import socket
+import ssl
+from dataclasses import dataclass
+from typing import Final, cast
+from urllib.parse import urlsplit
+
+import httptools
+
+__all__ = [
+    "ConnectFailed",
+    "ConnectTimedOut",
+    "Disconnected",
+    "Origin",
+    "TransportError",
+    "UpstreamPool",
+    "UpstreamResponse",
+    "encode_headers",
+]
+
+# Body bytes buffered for a slow reader before reading from the replica pauses.
+_HIGH_WATER: Final = 256 * 1024
+# Request bodies below this go out with their head in one write (one copy, one syscall).
+_ONE_WRITE_MAX: Final = 64 * 1024
+
+
+class TransportError(Exception):
+    """A request to a replica failed below HTTP (the proxy's retry loop catches these; they
+    never reach a client as such).  `kind` is the proxy's metric label for it."""
+
+    kind = "disconnect"
+
+
+class ConnectFailed(TransportError):
+    """The replica refused the connection, or its address does not resolve."""
+
+    kind = "connect"
+
+
+class ConnectTimedOut(TransportError):
+    """No connection within the connect timeout."""
+
+    kind = "timeout_connect"
+
+
+class Disconnected(TransportError):
+    """The connection closed, or the replica sent something that is not HTTP/1.1."""
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a replica listens, and what every request to it starts with."""
+
+    host: str
+    port: int
+    tls: bool
+    path_prefix: bytes  # the replica URL's own path, if it has one ("" usually)
+    host_header: bytes
+
+    @classmethod
+    def of(cls, url: str) -> Origin:
+        """The origin of a replica base URL such as `http://10.0.0.7:8000`."""
+        parts = urlsplit(url)
+        tls = parts.scheme == "https"
+        host = parts.hostname or ""
+        port = parts.port or (443 if tls else 80)
+        netloc = f"[{host}]" if ":" in host else host
+        default_port = port == (443 if tls else 80)
+        host_header = netloc if default_port else f"{netloc}:{port}"
+        return cls(
+            host=host,
+            port=port,
+            tls=tls,
+            path_prefix=parts.path.rstrip("/").encode(),
+            host_header=host_header.encode("idna"),
+        )
+
+
+def encode_headers(headers: list[tuple[str, str]]) -> bytes:
+    """Header lines for a request head, `Name: value\\r\\n` each (bytes as they came in: the
+    server decoded them as UTF-8 with surrogateescape)."""
+    return b"".join(
+        f"{name}: {value}\r\n".encode("utf-8", "surrogateescape") for name, value in headers
+    )
+
+
+class UpstreamResponse:
+    """One response from a replica: its head at once, then body chunks as they arrive.
+
+    Exactly one of `release` (body read to the end: the connection may serve again) or `abort`
+    (anything else: the connection is closed) must end it; both are idempotent.
+    """
+
+    __slots__ = (
+        "_buffer",
+        "_buffered",
+        "_conn",
+        "_done",
+        "_error",
+        "_framed",
+        "_head_done",
+        "_loop",
+        "_paused",
+        "_waiter",
+        "content_length",
+        "headers",
+        "keep_alive",
+        "reason",
+        "received_any",
+        "status",
+    )
+
+    def __init__(self, conn: _Connection, loop: asyncio.AbstractEventLoop) -> None:
+        self._conn: _Connection | None = conn
+        self._loop = loop
+        self._waiter: asyncio.Future[None] | None = None
+        self._buffer: list[bytes] = []
+        self._buffered = 0
+        self._paused = False
+        self._head_done = False
+        self._done = False
+        self._framed = False  # Content-Length or chunked: the end is in the data, not at EOF
+        self._error: TransportError | None = None
+        self.received_any = False
+        self.status = 0
+        self.reason = ""
+        self.headers: list[tuple[str, str]] = []
+        self.content_length: int | None = None
+        self.keep_alive = False
+
+    # --- reading (the proxy's side) ------------------------------------------------------
+
+    async def read_chunk(self) -> bytes:
+        """Whatever body bytes have arrived (waiting for some); b"" at the end of the body."""
+        while not self._buffer:
+            if self._done:
+                return b""
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+        chunk = self._buffer[0] if len(self._buffer) == 1 else b"".join(self._buffer)
+        self._buffer.clear()
+        self._buffered = 0
+        if self._paused and self._conn is not None:
+            self._paused = False
+            self._conn.resume_reading()
+        return chunk
+
+    async def read_all(self, limit: int = 1 << 20) -> bytes:
+        """The rest of the body, up to `limit` bytes (error payloads; the rest is dropped)."""
+        parts: list[bytes] = []
+        size = 0
+        while chunk := await self.read_chunk():
+            if size < limit:
+                parts.append(chunk[: limit - size])
+            size += len(chunk)
+        return b"".join(parts)
+
+    @property
+    def complete(self) -> bool:
+        """The whole body has arrived."""
+        return self._done
+
+    def release(self) -> None:
+        """The exchange is over: keep the connection for the next request if it can serve
+        one (the body was read to its end and the replica keeps it alive), else close it."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.finish(reusable=self._done and self.keep_alive and not self._buffer)
+
+    def abort(self) -> None:
+        """Close the connection now (the replica sees the client go and aborts the request)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.finish(reusable=False)
+
+    async def wait_head(self) -> None:
+        while not self._head_done:
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+
+    async def _wait(self) -> None:
+        waiter = self._waiter = self._loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # --- feeding (the connection's side) -------------------------------------------------
+
+    def on_status(self, reason: bytes) -> None:
+        self.reason = reason.decode("latin-1")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append(
+            (name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
+        )
+
+    def on_head(self, status: int, keep_alive: bool) -> None:
+        self.status = status
+        self.keep_alive = keep_alive
+        for name, value in self.headers:
+            lower = name.lower()
+            if lower == "content-length":
+                self._framed = True
+                if value.strip().isdigit():
+                    self.content_length = int(value)
+            elif lower == "transfer-encoding" and "chunked" in value.lower():
+                self._framed = True
+        if status in (204, 304):
+            self._framed = True
+        self._head_done = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self._buffer.append(body)
+        self._buffered += len(body)
+        if self._buffered > _HIGH_WATER and not self._paused and self._conn is not None:
+            self._paused = True
+            self._conn.pause_reading()
+        self._wake()
+
+    def on_complete(self) -> None:
+        self._done = True
+        self._wake()
+
+    def on_lost(self, exc: Exception | None) -> None:
+        if self._done:
+            return
+        if self._head_done and not self._framed and exc is None:
+            self._done = True  # the body ends where the connection does
+        else:
+            reason = f": {exc}" if exc else ""
+            self._error = Disconnected(f"the replica closed the connection{reason}")
+        self._wake()
+
+    def on_bad_response(self, message: str) -> None:
+        if not self._done:
+            self._error = Disconnected(f"malformed response from the replica: {message}")
+            self._wake()
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive TCP (or TLS) connection to a replica, carrying one response at a time."""
+
+    def __init__(self, pool: UpstreamPool, origin: Origin) -> None:
+        self._pool = pool
+        self.origin = origin
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._response: UpstreamResponse | None = None
+        self.closed = False
+
+    def send(self, response: UpstreamResponse, head: bytes, body: bytes) -> None:
+        assert self._transport is not None
+        self._response = response
+        if len(body) < _ONE_WRITE_MAX:
+            self._transport.write(head + body)
+        else:  # no copy of a large body just to write it in one call
+            self._transport.write(head)
+            self._transport.write(body)
+
+    def finish(self, *, reusable: bool) -> None:
+        self._response = None
+        if reusable and not self.closed:
+            # The same parser reads the next response: llhttp parses a keep-alive
+            # connection's messages one after another.
+            self._pool._idle_again(self)
+        else:
+            self.close()
+
+    def close(self) -> None:
+        if self._transport is not None and not self.closed:
+            self._transport.close()  # connection_lost follows and does the bookkeeping
+
+    def pause_reading(self) -> None:
+        if self._transport is not None and not self.closed:
+            self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._transport is not None and not self.closed:
+            self._transport.resume_reading()
+
+    # --- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self._transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            # Small SSE chunks must leave at once, not wait for an ACK (Nagle).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        response = self._response
+        if response is None:
+            self.close()  # bytes nobody asked for: this connection can no longer be trusted
+            return
+        response.received_any = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.close()
+            response.on_bad_response(str(exc))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        response, self._response = self._response, None
+        if response is not None:
+            response.on_lost(exc)
+        self._pool._closed(self)
+
+    # --- httptools callbacks ---------------------------------------------------------------
+
+    def on_status(self, reason: bytes) -> None:
+        if self._response is not None:
+            self._response.on_status(reason)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._response is not None:
+            self._response.on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        if self._response is not None:
+            parser = self._parser
+            self._response.on_head(parser.get_status_code(), parser.should_keep_alive())
+
+    def on_body(self, body: bytes) -> None:
+        if self._response is not None:
+            self._response.on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._response is not None:
+            self._response.on_complete()
+
+
+class _OriginConnections:
+    __slots__ = ("idle", "open")
+
+    def __init__(self) -> None:
+        self.idle: collections.deque[_Connection] = collections.deque()
+        self.open = 0
+
+
+class UpstreamPool:
+    """Keep-alive connections to every replica, bounded in all (`limit`) and per replica
+    (`limit_per_origin`); 0 means no bound."""
+
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float,
+        limit: int = 0,
+        limit_per_origin: int = 0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self._connect_timeout_s = connect_timeout_s
+        self._limit = limit
+        self._limit_per_origin = limit_per_origin
+        self._ssl_context = ssl_context
+        self._origins: dict[Origin, _OriginConnections] = {}
+        self._open = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._closing = False
+
+    @property
+    def open_connections(self) -> int:
+        return self._open
+
+    def idle_connections(self, origin: Origin) -> int:
+        conns = self._origins.get(origin)
+        return 0 if conns is None else sum(not c.closed for c in conns.idle)
+
+    async def send(self, origin: Origin, head: bytes, body: bytes) -> UpstreamResponse:
+        """Send one request (its head, then `body`) and return once the response head is in.
+
+        Raises a `TransportError`; the caller must `release` or `abort` the response.
+        """
+        loop = asyncio.get_running_loop()
+        conn, reused = await self._acquire(origin)
+        response = UpstreamResponse(conn, loop)
+        conn.send(response, head, body)
+        try:
+            await response.wait_head()
+        except Disconnected:
+            response.abort()
+            if not reused or response.received_any:
+                raise
+            # The replica closed this idle connection as we reused it: once more, fresh.
+            conn = await self._connect_new(origin)
+            response = UpstreamResponse(conn, loop)
+            conn.send(response, head, body)
+            try:
+                await response.wait_head()
+            except BaseException:
+                response.abort()
+                raise
+        except BaseException:
+            response.abort()
+            raise
+        return response
+
+    async def close(self) -> None:
+        """Close every connection (idle or not); the pool cannot be used afterwards."""
+        self._closing = True
+        for conns in self._origins.values():
+            for conn in list(conns.idle):
+                conn.close()
+            conns.idle.clear()
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        # Let connection_lost callbacks run before the loop goes away.
+        await asyncio.sleep(0)
+
+    # --- connections -----------------------------------------------------------------------
+
+    async def _acquire(self, origin: Origin) -> tuple[_Connection, bool]:
+        while True:
+            if self._closing:
+                raise Disconnected("the gateway is shutting down")
+            conns = self._origins.get(origin)
+            if conns is None:
+                conns = self._origins[origin] = _OriginConnections()
+            idle = conns.idle
+            while idle:
+                conn = idle.pop()
+                if not conn.closed:
+                    return conn, True
+            if self._limit_per_origin and conns.open >= self._limit_per_origin:
+                await self._wait_for_slot()
+                continue
+            if self._limit and self._open >= self._limit:
+                # Make room by closing another replica's idle connection if there is one
+                # (its connection_lost frees the slot and wakes us), else wait for one.
+                self._close_one_idle()
+                await self._wait_for_slot()
+                continue
+            return await self._connect_new(origin), False
+
+    async def _connect_new(self, origin: Origin) -> _Connection:
+        conns = self._origins.setdefault(origin, _OriginConnections())
+        conns.open += 1
+        self._open += 1
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                if origin.tls:
+                    context = self._ssl_context or ssl.create_default_context()
+                    _, conn = await loop.create_connection(
+                        lambda: _Connection(self, origin),
+                        origin.host,
+                        origin.port,
+                        ssl=context,
+                        server_hostname=origin.host,
+                    )
+                else:
+                    _, conn = await loop.create_connection(
+                        lambda: _Connection(self, origin), origin.host, origin.port
+                    )
+        except TimeoutError:
+            self._forget_one(origin)
+            raise ConnectTimedOut(
+                f"no connection to {origin.host}:{origin.port} within the connect timeout"
+            ) from None
+        except OSError as exc:  # refused, unreachable, name resolution (socket.gaierror)
+            self._forget_one(origin)
+            raise ConnectFailed(f"cannot connect to {origin.host}:{origin.port}: {exc}") from exc
+        except BaseException:
+            self._forget_one(origin)
+            raise
+        return conn
+
+    def _forget_one(self, origin: Origin) -> None:
+        self._origins[origin].open -= 1
+        self._open -= 1
+        self._wake_waiters()
+
+    def _idle_again(self, conn: _Connection) -> None:
+        if self._closing:
+            conn.close()
+            return
+        self._origins[conn.origin].idle.append(conn)
+        self._wake_waiters()
+
+    def _closed(self, conn: _Connection) -> None:
+        self._forget_one(conn.origin)
+
+    def _close_one_idle(self) -> None:
+        """At the global cap: close the longest-idle connection of any replica, if one is."""
+        for conns in self._origins.values():
+            while conns.idle:
+                conn = conns.idle.popleft()
+                if not conn.closed:
+                    conn.close()
+                    return
+
+    async def _wait_for_slot(self) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def _wake_waiters(self) -> None:
+        # Caps are rarely reached; waking every waiter to re-check keeps this simple and fair
+        # enough (they re-queue in order if there is still no slot).
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
