@@ -1,8 +1,10 @@
 """Assemble one gateway: `create_app(config)` and `running_gateway(config)`.
 
-Every resource is paired with its teardown in an aiohttp cleanup context, in this order
-(torn down in reverse): embedded sim replicas → the upstream pool, control session and proxy → the first
-health round → background loops (health checks, metrics scraping) → KV events → DNS discovery.
+Every resource is paired with its teardown in an aiohttp cleanup context, in this order (torn
+down in reverse): embedded sim replicas → the upstream pool, control session and proxy → the
+first health round → background loops (health checks, metrics scraping) → KV events → DNS
+discovery.  The aiohttp application is the control plane; clients reach it, and the data plane,
+through the edge server `running_gateway` puts in front of it (router.http.edge).
 No state lives in module globals: each app carries its own fleet, metrics registry and sessions
 under typed `AppKey`s.
 """
@@ -13,7 +15,10 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import random
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -30,6 +35,8 @@ from router.fleet.registry import Fleet
 from router.fleet.scraper import MetricsScraper
 from router.http.admin import add_admin_routes
 from router.http.appstate import STATE, GatewayState
+from router.http.dispatch import Dispatch
+from router.http.edge import EdgeServer
 from router.http.errors import error_middleware
 from router.http.openai import add_openai_routes
 from router.http.ops import add_ops_routes
@@ -43,7 +50,7 @@ from router.prefix.tokenizer import load_routing_tokenizer
 from router.prefix.units import KeyUnits
 from router.proxy.forward import Proxy
 from router.proxy.retry import ExponentialBackoff, RetryPolicy, Timeouts
-from router.proxy.upstream import UpstreamPool
+from router.proxy.upstream import Origin, UpstreamPool
 from router.state import SHARED_STATE, SharedFleet, StateSync, make_backend, shared_state_context
 
 __all__ = [
@@ -71,6 +78,7 @@ class Gateway:
     url: str
     app: web.Application
     state: GatewayState
+    edge: EdgeServer
 
     @property
     def fleet(self) -> Fleet:
@@ -127,13 +135,7 @@ def create_app(config: RouterConfig, *, dns_resolver: Resolver | None = None) ->
     for replica_spec in config.replica_specs:
         fleet.add(replica_spec, source="static")
 
-    app = web.Application(
-        client_max_size=config.max_body_bytes,
-        middlewares=[error_middleware],
-        # Cancel a handler when its client disconnects, so the upstream request is closed and
-        # the replica aborts it (whatever runner serves this app).
-        handler_args={"handler_cancellation": True},
-    )
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[error_middleware])
     app[STATE] = GatewayState(config=config, metrics=metrics, fleet=fleet, core=core)
     app[SHARED_STATE] = sync
     app.cleanup_ctx.append(_embedded_sims)
@@ -146,7 +148,6 @@ def create_app(config: RouterConfig, *, dns_resolver: Resolver | None = None) ->
     app.cleanup_ctx.append(
         functools.partial(_dns_discovery, resolver=dns_resolver or resolve_addresses)
     )
-    app.on_shutdown.append(_start_draining)
     add_openai_routes(app)
     add_ops_routes(app)
     if config.admin_token is not None:
@@ -201,6 +202,7 @@ async def _client_sessions(app: web.Application) -> AsyncIterator[None]:
         connector=aiohttp.TCPConnector(limit=64, ttl_dns_cache=300),
         timeout=aiohttp.ClientTimeout(total=max(cfg.health_timeout_s, cfg.scrape_timeout_s)),
     )
+    state.loop = asyncio.get_running_loop()
     state.proxy = Proxy(
         core=state.core,
         pool=pool,
@@ -341,14 +343,6 @@ async def _every(interval_s: float, tick: Callable[[], Awaitable[None]], name: s
             log.exception("background %s round failed", name)
 
 
-async def _start_draining(app: web.Application) -> None:
-    # The listening socket is already closed; /ready says 503 to whoever still asks.
-    app[STATE].draining = True
-    log.info(
-        "shutting down: draining in-flight requests (up to %gs)", app[STATE].config.drain_timeout_s
-    )
-
-
 @contextlib.asynccontextmanager
 async def running_gateway(
     config: RouterConfig,
@@ -356,20 +350,38 @@ async def running_gateway(
     port: int = 0,
     *,
     dns_resolver: Resolver | None = None,
+    reuse_port: bool = False,
 ) -> AsyncIterator[Gateway]:
     """Run a gateway for `config` on `host:port` (0 = a free port) until the block exits; on exit
-    it stops accepting and lets in-flight requests finish for up to `config.drain_timeout_s`."""
+    it stops accepting and lets in-flight requests finish for up to `config.drain_timeout_s`.
+
+    Clients talk to the edge server (router.http.edge): it answers the OpenAI endpoints itself
+    and relays every other request to the aiohttp application, which listens only on a Unix
+    socket in a private directory and owns every resource (its cleanup contexts)."""
     app = create_app(config, dns_resolver=dns_resolver)
-    runner = web.AppRunner(
-        app,
-        shutdown_timeout=config.drain_timeout_s,
-        access_log=logging.getLogger("router.access") if config.access_log else None,
-    )
+    state = app[STATE]
+    runner = web.AppRunner(app, shutdown_timeout=1.0, access_log=None)
     await runner.setup()
+    socket_dir = tempfile.mkdtemp(prefix="fleet-router-")
     try:
-        site = web.TCPSite(runner, host, port, backlog=4096)
-        await site.start()
-        bound_port = runner.addresses[0][1]
-        yield Gateway(url=f"http://{host}:{bound_port}", app=app, state=app[STATE])
+        control_path = os.path.join(socket_dir, "control.sock")
+        await web.UnixSite(runner, control_path).start()
+        relay_pool = UpstreamPool(connect_timeout_s=5.0)
+        edge = EdgeServer(
+            Dispatch(state, relay_pool, Origin.unix(control_path)),
+            max_body_bytes=config.max_body_bytes,
+            access_log=logging.getLogger("router.access") if config.access_log else None,
+        )
+        bound_port = await edge.start(host, port, reuse_port=reuse_port)
+        try:
+            yield Gateway(url=f"http://{host}:{bound_port}", app=app, state=state, edge=edge)
+        finally:
+            # /ready says 503 to whoever still asks while the requests in flight finish.
+            state.draining = True
+            log.info("shutting down: draining in-flight requests (up to %gs)",
+                     config.drain_timeout_s)  # fmt: skip
+            await edge.shutdown(config.drain_timeout_s)
+            await relay_pool.close()
     finally:
         await runner.cleanup()
+        shutil.rmtree(socket_dir, ignore_errors=True)

@@ -18,10 +18,8 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from aiohttp import web
-
 from router import __version__
-from router.app import create_app
+from router.app import running_gateway
 from router.config import RouterConfig, add_config_arguments, config_from_args
 from router.errors import ConfigError
 from router.policies import DEFAULT_POLICY, POLICIES, PolicySettings, make_policy
@@ -111,11 +109,19 @@ def _supervise_workers(config: RouterConfig) -> int:
 def _serve_one(config: RouterConfig, reuse_port: bool) -> None:
     loop = _new_loop()
     asyncio.set_event_loop(loop)
-    app = create_app(config)
+    try:
+        loop.run_until_complete(_serve_until_signalled(config, reuse_port))
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
 
-    def _announce(_aiohttp_banner: str) -> None:
-        # run_app calls its `print` once the socket is bound: an on_startup hook would say
-        # "listening" while start-up (state warm-up, first health round) is still going on.
+
+async def _serve_until_signalled(config: RouterConfig, reuse_port: bool) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    async with running_gateway(config, config.host, config.port, reuse_port=reuse_port):
         log.info(
             "fleet-router %s listening on http://%s:%d (policy %s, pid %d)",
             __version__,
@@ -124,23 +130,11 @@ def _serve_one(config: RouterConfig, reuse_port: bool) -> None:
             config.policy,
             os.getpid(),
         )
-
-    # Everything allocated so far lives as long as the process: keep it out of the collector's
-    # way (fewer, cheaper collections on the request path).
-    gc.collect()
-    gc.freeze()
-    web.run_app(
-        app,
-        host=config.host,
-        port=config.port,
-        shutdown_timeout=config.drain_timeout_s,
-        handler_cancellation=True,
-        access_log=logging.getLogger("router.access") if config.access_log else None,
-        backlog=4096,
-        print=_announce,
-        loop=loop,
-        reuse_port=reuse_port or None,
-    )
+        # Everything allocated so far lives as long as the process: keep it out of the
+        # collector's way (fewer, cheaper collections on the request path).
+        gc.collect()
+        gc.freeze()
+        await stop.wait()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

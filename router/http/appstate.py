@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,13 @@ class GatewayState:
     draining: bool = False
     # In-process sim replicas of the embedded default (replicas.sim.SimReplica objects).
     sims: list[Any] = field(default_factory=list)
+    # The loop the gateway runs on (set at start-up; saves a lookup per request).
+    loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def session_header(self) -> bytes:
+        """The session header's name as the edge server's raw headers spell it."""
+        return self.config.session_header.lower().encode("latin-1")
 
     def require_proxy(self) -> Proxy:
         if self.proxy is None:

@@ -1,4 +1,7 @@
-"""The OpenAI-compatible endpoints: parse, validate, call the routing core, forward, record."""
+"""The OpenAI-compatible endpoints: parse, validate, call the routing core, forward, record.
+
+The POST endpoints are the data plane, answered on the edge server (`serve_openai`); the model
+list is an ordinary route of the control application."""
 
 from __future__ import annotations
 
@@ -9,51 +12,39 @@ import orjson
 from aiohttp import web
 
 from router.core import Endpoint
-from router.errors import BadRequest, PayloadTooLarge, RouterError
+from router.errors import RouterError
 from router.http.appstate import STATE, GatewayState
-from router.http.errors import error_response
+from router.http.edge import EdgeRequest, EdgeResponse
+from router.http.errors import send_error
 from router.http.validation import parse_json_object, validate
 from router.proxy.forward import Outcome, request_id_of
 
-__all__ = ["add_openai_routes"]
+__all__ = ["OPENAI_ENDPOINTS", "add_openai_routes", "serve_openai"]
 
 
-async def _read_body(request: web.Request, max_bytes: int) -> bytes:
-    length = request.content_length
-    if length is not None:
-        if length > max_bytes:
-            raise PayloadTooLarge(f"the request body has {length} bytes; the limit is {max_bytes}")
-        try:
-            # One read of a known length (request.read() loops, then copies the buffer).
-            return await request.content.readexactly(length)
-        except asyncio.IncompleteReadError:
-            raise BadRequest("the request body is shorter than its Content-Length") from None
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge:  # chunked body over the app's client_max_size
-        raise PayloadTooLarge(f"the request body exceeds the limit of {max_bytes} bytes") from None
+async def serve_openai(
+    state: GatewayState, endpoint: Endpoint, request: EdgeRequest, response: EdgeResponse
+) -> None:
+    """Answer one OpenAI request: parse, validate, route, forward; record its outcome.
 
-
-async def _serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-    state: GatewayState = request.app[STATE]
-    loop = asyncio.get_running_loop()
+    The edge server has already read the whole body and refused one over the size limit.
+    """
+    loop = state.loop or asyncio.get_running_loop()
     outcome = Outcome(started=loop.time(), request_id=request_id_of(request))
     status = 500
     try:
         try:
-            raw = await _read_body(request, state.config.max_body_bytes)
-            body = parse_json_object(raw)
+            body = parse_json_object(request.body)
             parsed = validate(endpoint, body)
             core = state.core
             model = core.resolve_model(parsed.model)
             outcome.model = model
-            session_key = request.headers.get(state.config.session_header) or parsed.user
+            session_key = request.header(state.session_header) or parsed.user
             ctx = core.prepare(endpoint, body, model, session_key=session_key)
-            resp = await state.require_proxy().forward(request, raw, ctx, outcome)
+            await state.require_proxy().forward(request, response, ctx, outcome)
         except RouterError as exc:
-            resp = error_response(exc, outcome.request_id)
-        status = 499 if outcome.client_gone else resp.status
-        return resp
+            send_error(response, exc, outcome.request_id)
+        status = 499 if outcome.client_gone else response.status
     except asyncio.CancelledError:
         status = 499  # the client went away (nginx's convention)
         raise
@@ -61,26 +52,6 @@ async def _serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         state.metrics.request_done(
             outcome.model, outcome.replica, status, loop.time() - outcome.started
         )
-
-
-async def completions(request: web.Request) -> web.StreamResponse:
-    return await _serve(request, "completions")
-
-
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await _serve(request, "chat")
-
-
-async def embeddings(request: web.Request) -> web.StreamResponse:
-    return await _serve(request, "embeddings")
-
-
-async def tokenize(request: web.Request) -> web.StreamResponse:
-    return await _serve(request, "tokenize")
-
-
-async def detokenize(request: web.Request) -> web.StreamResponse:
-    return await _serve(request, "detokenize")
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -97,10 +68,16 @@ async def list_models(request: web.Request) -> web.Response:
     )
 
 
+# The data plane: answered by the edge server itself (router.http.dispatch), never relayed.
+OPENAI_ENDPOINTS: dict[str, Endpoint] = {
+    "/v1/completions": "completions",
+    "/v1/chat/completions": "chat",
+    "/v1/embeddings": "embeddings",
+    "/tokenize": "tokenize",
+    "/detokenize": "detokenize",
+}
+
+
 def add_openai_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/embeddings", embeddings)
-    app.router.add_post("/tokenize", tokenize)
-    app.router.add_post("/detokenize", detokenize)
+    """The control application's OpenAI route (the model list)."""
     app.router.add_get("/v1/models", list_models)

@@ -3,13 +3,14 @@
 - The request body goes upstream unchanged (router.proxy.upstream, our pooled HTTP/1.1 client);
   the answer's bytes go to the client as they arrive (`read_chunk()` → `write()`): no
   re-serialisation, no SSE buffering.  TCP_NODELAY is set on both sockets (upstream by our
-  client, downstream by aiohttp's server).
+  client, downstream by the edge server).
 - Nothing is sent to the client before the replica's first body byte, so until then any failure
   (connect error, timeout, 5xx, 429) is retried on another replica not tried yet, with full-jitter
   backoff.  After the first byte there is no retry: a broken SSE stream ends with an SSE error
   event and `data: [DONE]`; a broken plain body closes the connection (never a silent truncation).
-- Timeouts: connect (the upstream pool), first byte and idle-between-chunks (one watchdog timer
-  per attempt, re-armed lazily instead of once per chunk), total (`asyncio.timeout_at`).
+- Timeouts: connect (the upstream pool); first byte, total and idle-between-chunks by one
+  `_Deadline` per attempt (a TimerHandle that cancels the attempt, as `asyncio.timeout_at`
+  does at several times its cost) and an idle watchdog re-armed lazily, not once per chunk.
 - Cancellation (the client went away, or shutdown) closes the upstream connection, which makes
   vLLM abort the request.  The `Lease` returns the replica's in-flight slot on every path.
 """
@@ -17,24 +18,18 @@
 from __future__ import annotations
 
 import asyncio
-import secrets
-from collections.abc import Sequence
+import random
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from aiohttp import web
 
 from router.core import Lease, RouteContext, RoutingCore
 from router.errors import NoHealthyReplica, UpstreamError, UpstreamTimeout, error_body
 from router.fleet.replica import Replica
+from router.http.edge import ClientGone, EdgeRequest, EdgeResponse
 from router.metrics import RouterMetrics
-from router.proxy.headers import (
-    REQUEST_ID_HEADER,
-    copy_downstream_headers,
-    downstream_headers,
-    upstream_headers,
-)
+from router.proxy.headers import RawHeaders, downstream_headers, upstream_headers
 from router.proxy.retry import RetryPolicy, Timeouts
 from router.proxy.sse import announces_role_only
 from router.proxy.upstream import (
@@ -43,18 +38,23 @@ from router.proxy.upstream import (
     TransportError,
     UpstreamPool,
     UpstreamResponse,
-    encode_headers,
 )
 
 __all__ = ["Outcome", "Proxy", "request_id_of"]
 
-_SSE = "text/event-stream"
+_SSE = b"text/event-stream"
 _DONE = b"data: [DONE]\n\n"
+_TIMEOUT_MESSAGES = {
+    "timeout_first_byte": "no first byte within the first-byte timeout",
+    "timeout_idle": "no data within the idle timeout",
+    "timeout_total": "request exceeded the total timeout",
+}
 
 
-def request_id_of(request: web.BaseRequest) -> str:
-    """The client's X-Request-Id, or a fresh one."""
-    return request.headers.get(REQUEST_ID_HEADER) or secrets.token_hex(16)
+def request_id_of(request: EdgeRequest) -> str:
+    """The client's X-Request-Id, or a fresh one (unique, not secret: no system entropy call
+    per request)."""
+    return request.header(b"x-request-id") or f"{random.getrandbits(128):032x}"
 
 
 @dataclass(slots=True)
@@ -78,17 +78,19 @@ class _Failure:
     timeout: bool = False
     status: int | None = None
     body: bytes = b""
-    headers: Sequence[tuple[str, str]] | None = None
+    headers: RawHeaders | None = None
 
 
-@dataclass(frozen=True, slots=True)
 class _RequestHead:
     """The request head every attempt sends, but for the replica's own Host and path prefix."""
 
-    method: bytes
-    target: bytes  # path and query, as the client sent them
-    headers: bytes  # encoded header lines, hop-by-hop ones dropped
-    content_length: int
+    __slots__ = ("content_length", "headers", "method", "target")
+
+    def __init__(self, method: bytes, target: bytes, headers: bytes, content_length: int) -> None:
+        self.method = method
+        self.target = target  # path and query, as the client sent them
+        self.headers = headers  # header lines, hop-by-hop ones dropped
+        self.content_length = content_length
 
     def for_origin(self, origin: Origin) -> bytes:
         return b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n" % (
@@ -101,8 +103,44 @@ class _RequestHead:
         )
 
 
-class _ClientGone(Exception):
-    """Writing to the client failed: it closed the connection."""
+class _Deadline:
+    """`asyncio.timeout_at` for one attempt, at a fraction of its cost: one TimerHandle that
+    cancels the attempt's task when it fires.  `kind` names the timeout it stands for now.
+
+    As with asyncio's own, a CancelledError is the deadline's only if it fired and nobody
+    else cancelled the task meanwhile (`timed_out`, which also takes its cancel back).
+    """
+
+    __slots__ = ("_handle", "_loop", "_task", "fired", "kind")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, when: float, kind: str) -> None:
+        self._loop = loop
+        task = asyncio.current_task(loop)
+        assert task is not None
+        self._task = task
+        self.fired = False
+        self.kind = kind
+        self._handle = loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self.fired = True
+        self._task.cancel()
+
+    def reschedule(self, when: float, kind: str) -> None:
+        self._handle.cancel()
+        self.kind = kind
+        self._handle = self._loop.call_at(when, self._fire)
+
+    def fire_now(self, kind: str) -> None:
+        self._handle.cancel()
+        self.kind = kind
+        self._fire()
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+    def timed_out(self) -> bool:
+        return self.fired and self._task.uncancel() == 0
 
 
 class _IdleWatchdog:
@@ -110,27 +148,25 @@ class _IdleWatchdog:
 
     The streaming loop only stamps `since` (loop time it started waiting on the replica, or None
     while it writes to the client); the timer re-arms itself and, when a wait has lasted
-    `limit_s`, fires the attempt's `asyncio.Timeout` at once.
+    `limit_s`, fires the attempt's deadline at once.
     """
 
-    __slots__ = ("_handle", "_loop", "_timer", "expired", "limit_s", "since")
+    __slots__ = ("_deadline", "_handle", "_loop", "limit_s", "since")
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, timer: asyncio.Timeout, limit_s: float
+        self, loop: asyncio.AbstractEventLoop, deadline: _Deadline, limit_s: float
     ) -> None:
         self._loop = loop
-        self._timer = timer
+        self._deadline = deadline
         self.limit_s = limit_s
         self.since: float | None = None
-        self.expired = False
         self._handle = loop.call_at(loop.time() + limit_s, self._check)
 
     def _check(self) -> None:
         now = self._loop.time()
         since = self.since
         if since is not None and now - since >= self.limit_s:
-            self.expired = True
-            self._timer.reschedule(now)
+            self._deadline.fire_now("timeout_idle")
             return
         self._handle = self._loop.call_at((since or now) + self.limit_s, self._check)
 
@@ -157,23 +193,23 @@ class Proxy:
         self._metrics = metrics
         self._ttft: dict[str, Any] = {}
         self._origins: dict[str, Origin] = {}  # by replica base URL (parsed once)
+        self._loop = asyncio.get_running_loop()
 
     async def forward(
         self,
-        request: web.Request,
-        body: bytes,
+        request: EdgeRequest,
+        response: EdgeResponse,
         ctx: RouteContext,
         outcome: Outcome,
-    ) -> web.StreamResponse:
+    ) -> None:
         """Answer `request` from a replica chosen for `ctx`, retrying before the first byte."""
+        body = request.body
         # What every attempt's request head shares; the replica adds its Host and path prefix.
         head = _RequestHead(
-            method=request.method.encode("ascii"),
-            target=request.rel_url.raw_path_qs.encode("utf-8", "surrogateescape"),
-            headers=encode_headers(
-                upstream_headers(request.headers, outcome.request_id, request.remote)
-            ),
-            content_length=len(body),
+            request.method.encode("ascii"),
+            request.target.encode("utf-8", "surrogateescape"),
+            upstream_headers(request.raw_headers, outcome.request_id, request.remote),
+            len(body),
         )
         tried: list[str] = []
         failure: _Failure | None = None
@@ -193,125 +229,107 @@ class Proxy:
                 self._metrics.retries.labels(model, failure.kind).inc()
             tried.append(replica.replica_id)
             outcome.replica = replica.replica_id
-            result = await self._attempt(request, replica, head, body, ctx, outcome)
-            if not isinstance(result, _Failure):
-                return result
-            failure = result
+            failure = await self._attempt(response, replica, head, body, ctx, outcome)
+            if failure is None:
+                return
         assert failure is not None
-        return self._give_up(failure, outcome)
+        self._give_up(response, failure, outcome)
 
-    def _give_up(self, failure: _Failure, outcome: Outcome) -> web.StreamResponse:
+    def _give_up(self, response: EdgeResponse, failure: _Failure, outcome: Outcome) -> None:
         """After the last failed attempt: pass a 429 through, else 502/504."""
         if failure.status == 429 and failure.headers is not None:
             headers = downstream_headers(failure.headers, failure.replica_id, outcome.request_id)
-            return web.Response(status=429, body=failure.body, headers=headers)
+            response.send(429, failure.body, headers)
+            return
         if failure.timeout:
             raise UpstreamTimeout(failure.message)
         raise UpstreamError(failure.message)
 
     async def _attempt(
         self,
-        request: web.Request,
+        response: EdgeResponse,
         replica: Replica,
         head: _RequestHead,
         body: bytes,
         ctx: RouteContext,
         outcome: Outcome,
-    ) -> web.StreamResponse | _Failure:
-        loop = asyncio.get_running_loop()
+    ) -> _Failure | None:
+        """One attempt on `replica`: None once an answer went to the client (whole, streamed,
+        or ended by an error event), else the failure that may be retried elsewhere."""
+        loop = self._loop
         timeouts = self._timeouts
         now = loop.time()
         total_deadline = now + timeouts.total_s
         first_deadline = now + timeouts.first_byte_s
-        # One timer per attempt: until the first body byte it is bound by the first-byte
-        # timeout (or the total one, if sooner); then by the total one, with the idle watchdog.
-        first_bound = first_deadline < total_deadline
+        # Until the first body byte the attempt is bound by the first-byte timeout (or the
+        # total one, if sooner); then by the total one, with the idle watchdog.
+        if first_deadline < total_deadline:
+            deadline = _Deadline(loop, first_deadline, "timeout_first_byte")
+        else:
+            deadline = _Deadline(loop, total_deadline, "timeout_total")
         upstream: UpstreamResponse | None = None
-        resp: web.StreamResponse | None = None
         watchdog: _IdleWatchdog | None = None
         last_chunk = b""
         with self._core.start(replica, ctx) as lease:
             try:
-                async with asyncio.timeout_at(min(first_deadline, total_deadline)) as timer:
-                    origin = self._origin(replica.url)
-                    upstream = await self._pool.send(origin, head.for_origin(origin), body)
-                    status = upstream.status
-                    if self._retry.retryable_status(status):
-                        payload = await upstream.read_all()
-                        return self._status_failure(lease, upstream, payload)
-                    first = await upstream.read_chunk()
-                    # Prefill is over at the first token: a chat stream's role-only first
-                    # chunk may come before it (not from vLLM; see router.proxy.sse).
-                    prefilling = ctx.endpoint == "chat" and announces_role_only(first)
-                    if not prefilling:
+                origin = self._origin(replica.url)
+                upstream = await self._pool.send(origin, head.for_origin(origin), body)
+                status = upstream.status
+                if self._retry.retryable_status(status):
+                    payload = await upstream.read_all()
+                    return self._status_failure(lease, upstream, payload)
+                first = await upstream.read_chunk()
+                # Prefill is over at the first token: a chat stream's role-only first chunk
+                # may come before it (not from vLLM; see router.proxy.sse).
+                prefilling = ctx.endpoint == "chat" and announces_role_only(first)
+                if not prefilling:
+                    lease.first_byte()
+                self._observe_ttft(ctx.request.model, loop.time() - outcome.started)
+                headers = downstream_headers(
+                    upstream.headers, replica.replica_id, outcome.request_id
+                )
+                if upstream.complete:
+                    # The whole answer came at once (a non-streamed answer, as usual): head and
+                    # body in one write.
+                    response.send(status, first, headers, upstream.reason)
+                    lease.record_success()
+                    return None
+                await response.start(status, headers, upstream.reason, upstream.content_length)
+                await response.write(first)
+                last_chunk = first
+                deadline.reschedule(total_deadline, "timeout_total")
+                watchdog = _IdleWatchdog(loop, deadline, timeouts.idle_s)
+                write = response.write
+                read_chunk = upstream.read_chunk
+                while first:
+                    watchdog.since = loop.time()
+                    chunk = await read_chunk()
+                    watchdog.since = None
+                    if not chunk:
+                        break
+                    if prefilling and not announces_role_only(chunk):
+                        prefilling = False
                         lease.first_byte()
-                    self._observe_ttft(ctx.request.model, loop.time() - outcome.started)
-                    if upstream.complete:
-                        # The whole answer came at once (a non-streamed answer, as usual): one
-                        # Response, written with its headers in one go after the handler.
-                        whole = web.Response(status=status, reason=upstream.reason, body=first)
-                        copy_downstream_headers(
-                            whole.headers, upstream.headers, replica.replica_id, outcome.request_id
-                        )
-                        lease.record_success()
-                        return whole
-                    resp = web.StreamResponse(status=status, reason=upstream.reason)
-                    copy_downstream_headers(
-                        resp.headers, upstream.headers, replica.replica_id, outcome.request_id
-                    )
-                    if upstream.content_length is not None:
-                        resp.content_length = upstream.content_length
-                    try:
-                        await resp.prepare(request)
-                        if first:
-                            await resp.write(first)
-                    except ConnectionResetError:
-                        raise _ClientGone from None
-                    last_chunk = first
-                    timer.reschedule(total_deadline)
-                    watchdog = _IdleWatchdog(loop, timer, timeouts.idle_s)
-                    write = resp.write
-                    read_chunk = upstream.read_chunk
-                    while first:
-                        watchdog.since = loop.time()
-                        chunk = await read_chunk()
-                        watchdog.since = None
-                        if not chunk:
-                            break
-                        if prefilling and not announces_role_only(chunk):
-                            prefilling = False
-                            lease.first_byte()
-                        try:
-                            await write(chunk)
-                        except ConnectionResetError:
-                            raise _ClientGone from None
-                        last_chunk = chunk
-                    try:
-                        await resp.write_eof()
-                    except ConnectionResetError:
-                        raise _ClientGone from None
+                    await write(chunk)
+                    last_chunk = chunk
+                await response.end()
                 lease.record_success()
-                return resp
-            except _ClientGone:
+                return None
+            except ClientGone:
                 # Not the replica's fault: no circuit verdict; closing upstream aborts it.
                 outcome.client_gone = True
                 if upstream is not None and upstream.complete:
                     lease.record_success()
-                return resp if resp is not None else web.Response(status=499)
-            except TimeoutError:
-                timed_out = True
-                if watchdog is not None:
-                    kind = "timeout_idle" if watchdog.expired else "timeout_total"
-                else:
-                    kind = "timeout_first_byte" if first_bound else "timeout_total"
-                message = {
-                    "timeout_first_byte": "no first byte within the first-byte timeout",
-                    "timeout_idle": "no data within the idle timeout",
-                }.get(kind, "request exceeded the total timeout")
+                return None
+            except asyncio.CancelledError:
+                if not deadline.timed_out():
+                    raise  # the client went away, or the gateway is shutting down
+                kind, message, timed_out = deadline.kind, _TIMEOUT_MESSAGES[deadline.kind], True
             except TransportError as exc:
                 kind, message = exc.kind, str(exc)
                 timed_out = isinstance(exc, ConnectTimedOut)
             finally:
+                deadline.cancel()
                 if watchdog is not None:
                     watchdog.cancel()
                 if upstream is not None:
@@ -325,11 +343,12 @@ class Proxy:
             lease.record_failure()
             self._metrics.upstream_errors.labels(replica.replica_id, kind).inc()
             message = f"replica {replica.replica_id}: {message}"
-            if resp is None:
+            if not response.started:
                 return _Failure(replica.replica_id, kind, message, timeout=timed_out)
             self._metrics.upstream_errors.labels(replica.replica_id, "stream_broken").inc()
-            await self._end_broken_stream(request, resp, last_chunk, message, timed_out)
-            return resp
+            sse = upstream is not None and upstream.content_type.startswith(_SSE)
+            await self._end_broken_stream(response, sse, last_chunk, message, timed_out)
+            return None
 
     def _status_failure(self, lease: Lease, upstream: UpstreamResponse, payload: bytes) -> _Failure:
         status = upstream.status
@@ -353,30 +372,23 @@ class Proxy:
         )
 
     async def _end_broken_stream(
-        self,
-        request: web.Request,
-        resp: web.StreamResponse,
-        last_chunk: bytes,
-        message: str,
-        timed_out: bool,
+        self, response: EdgeResponse, sse: bool, last_chunk: bytes, message: str, timed_out: bool
     ) -> None:
         """The replica failed after the first byte: tell the client instead of going silent."""
-        if (resp.content_type or "").startswith(_SSE):
+        if sse:
             error = UpstreamTimeout(message) if timed_out else UpstreamError(message)
             event = error_body(error.message, error.error_type, None, error.status)
             # Close a half-written event first so the error event parses on its own.
             prefix = b"" if not last_chunk or last_chunk.endswith(b"\n\n") else b"\n\n"
             try:
-                await resp.write(prefix + b"data: " + event + b"\n\n" + _DONE)
-                await resp.write_eof()
+                await response.write(prefix + b"data: " + event + b"\n\n" + _DONE)
+                await response.end()
                 return
-            except ConnectionResetError:
+            except ClientGone:
                 pass
         # A plain body cannot carry an error: drop the connection so the client sees a
         # truncated response rather than a short one that looks complete.
-        resp.force_close()
-        if request.transport is not None:
-            request.transport.close()
+        response.abort()
 
     def _origin(self, url: str) -> Origin:
         origin = self._origins.get(url)

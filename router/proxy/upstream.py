@@ -42,7 +42,6 @@ __all__ = [
     "TransportError",
     "UpstreamPool",
     "UpstreamResponse",
-    "encode_headers",
 ]
 
 # Body bytes buffered for a slow reader before reading from the replica pauses.
@@ -83,6 +82,13 @@ class Origin:
     tls: bool
     path_prefix: bytes  # the replica URL's own path, if it has one ("" usually)
     host_header: bytes
+    unix_path: str | None = None  # a Unix socket instead of host:port
+
+    @classmethod
+    def unix(cls, path: str) -> Origin:
+        """A server on a Unix socket (the gateway's own control application)."""
+        return cls(host="localhost", port=0, tls=False, path_prefix=b"",
+                   host_header=b"localhost", unix_path=path)  # fmt: skip
 
     @classmethod
     def of(cls, url: str) -> Origin:
@@ -101,14 +107,6 @@ class Origin:
             path_prefix=parts.path.rstrip("/").encode(),
             host_header=host_header.encode("idna"),
         )
-
-
-def encode_headers(headers: list[tuple[str, str]]) -> bytes:
-    """Header lines for a request head, `Name: value\\r\\n` each (bytes as they came in: the
-    server decoded them as UTF-8 with surrogateescape)."""
-    return b"".join(
-        f"{name}: {value}\r\n".encode("utf-8", "surrogateescape") for name, value in headers
-    )
 
 
 class UpstreamResponse:
@@ -130,6 +128,7 @@ class UpstreamResponse:
         "_paused",
         "_waiter",
         "content_length",
+        "content_type",
         "headers",
         "keep_alive",
         "reason",
@@ -151,8 +150,9 @@ class UpstreamResponse:
         self.received_any = False
         self.status = 0
         self.reason = ""
-        self.headers: list[tuple[str, str]] = []
+        self.headers: list[tuple[bytes, bytes]] = []  # as received, in order
         self.content_length: int | None = None
+        self.content_type = b""
         self.keep_alive = False
 
     # --- reading (the proxy's side) ------------------------------------------------------
@@ -225,21 +225,21 @@ class UpstreamResponse:
         self.reason = reason.decode("latin-1")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append(
-            (name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
-        )
+        self.headers.append((name, value))
 
     def on_head(self, status: int, keep_alive: bool) -> None:
         self.status = status
         self.keep_alive = keep_alive
         for name, value in self.headers:
             lower = name.lower()
-            if lower == "content-length":
+            if lower == b"content-length":
                 self._framed = True
                 if value.strip().isdigit():
                     self.content_length = int(value)
-            elif lower == "transfer-encoding" and "chunked" in value.lower():
+            elif lower == b"transfer-encoding" and b"chunked" in value.lower():
                 self._framed = True
+            elif lower == b"content-type":
+                self.content_type = value
         if status in (204, 304):
             self._framed = True
         self._head_done = True
@@ -258,8 +258,8 @@ class UpstreamResponse:
         self._wake()
 
     def on_lost(self, exc: Exception | None) -> None:
-        if self._done:
-            return
+        if self._done or self._error is not None:
+            return  # complete, or already failed with a more precise error
         if self._head_done and not self._framed and exc is None:
             self._done = True  # the body ends where the connection does
         else:
@@ -282,7 +282,10 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._response: UpstreamResponse | None = None
+        self._interim = False  # parsing a 1xx answer (e.g. 103 Early Hints): not the response
+        self._untrusted = False  # the replica sent more than one answer to one request
         self.closed = False
+        self.holds_slot = True  # counted in the pool's open connections until released once
 
     def send(self, response: UpstreamResponse, head: bytes, body: bytes) -> None:
         assert self._transport is not None
@@ -295,7 +298,7 @@ class _Connection(asyncio.Protocol):
 
     def finish(self, *, reusable: bool) -> None:
         self._response = None
-        if reusable and not self.closed:
+        if reusable and not self.closed and not self._untrusted:
             # The same parser reads the next response: llhttp parses a keep-alive
             # connection's messages one after another.
             self._pool._idle_again(self)
@@ -344,26 +347,43 @@ class _Connection(asyncio.Protocol):
         self._pool._closed(self)
 
     # --- httptools callbacks ---------------------------------------------------------------
+    # Each is a no-op unless a response is being read from a trustworthy connection.
+
+    def on_message_begin(self) -> None:
+        response = self._response
+        if response is not None and response.complete:
+            # A second answer to one request: keep the first, never reuse the connection.
+            self._untrusted = True
 
     def on_status(self, reason: bytes) -> None:
-        if self._response is not None:
+        if self._response is not None and not self._untrusted:
             self._response.on_status(reason)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._response is not None:
+        if self._response is not None and not self._untrusted:
             self._response.on_header(name, value)
 
     def on_headers_complete(self) -> None:
-        if self._response is not None:
-            parser = self._parser
-            self._response.on_head(parser.get_status_code(), parser.should_keep_alive())
+        response = self._response
+        if response is None or self._untrusted:
+            return
+        parser = self._parser
+        status = parser.get_status_code()
+        if 100 <= status < 200:
+            # An interim answer (Expect is never sent, but 103 Early Hints may come): skip it.
+            self._interim = True
+            response.headers.clear()
+            return
+        response.on_head(status, parser.should_keep_alive())
 
     def on_body(self, body: bytes) -> None:
-        if self._response is not None:
+        if self._response is not None and not self._untrusted:
             self._response.on_body(body)
 
     def on_message_complete(self) -> None:
-        if self._response is not None:
+        if self._interim:
+            self._interim = False
+        elif self._response is not None and not self._untrusted:
             self._response.on_complete()
 
 
@@ -434,7 +454,8 @@ class UpstreamPool:
         return response
 
     async def close(self) -> None:
-        """Close every connection (idle or not); the pool cannot be used afterwards."""
+        """Close the idle connections now; one in use closes when its response is released or
+        aborted.  The pool cannot be used afterwards."""
         self._closing = True
         for conns in self._origins.values():
             for conn in list(conns.idle):
@@ -475,39 +496,37 @@ class UpstreamPool:
         conns = self._origins.setdefault(origin, _OriginConnections())
         conns.open += 1
         self._open += 1
+        # Made before connecting, so a failed or cancelled connect frees its slot exactly once
+        # (asyncio then also calls connection_lost; uvloop does not).
+        conn = _Connection(self, origin)
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect_timeout_s):
-                if origin.tls:
+                if origin.unix_path is not None:
+                    await loop.create_unix_connection(lambda: conn, origin.unix_path)
+                elif origin.tls:
                     context = self._ssl_context or ssl.create_default_context()
-                    _, conn = await loop.create_connection(
-                        lambda: _Connection(self, origin),
+                    await loop.create_connection(
+                        lambda: conn,
                         origin.host,
                         origin.port,
                         ssl=context,
                         server_hostname=origin.host,
                     )
                 else:
-                    _, conn = await loop.create_connection(
-                        lambda: _Connection(self, origin), origin.host, origin.port
-                    )
+                    await loop.create_connection(lambda: conn, origin.host, origin.port)
         except TimeoutError:
-            self._forget_one(origin)
+            self._closed(conn)
             raise ConnectTimedOut(
                 f"no connection to {origin.host}:{origin.port} within the connect timeout"
             ) from None
         except OSError as exc:  # refused, unreachable, name resolution (socket.gaierror)
-            self._forget_one(origin)
+            self._closed(conn)
             raise ConnectFailed(f"cannot connect to {origin.host}:{origin.port}: {exc}") from exc
         except BaseException:
-            self._forget_one(origin)
+            self._closed(conn)
             raise
         return conn
-
-    def _forget_one(self, origin: Origin) -> None:
-        self._origins[origin].open -= 1
-        self._open -= 1
-        self._wake_waiters()
 
     def _idle_again(self, conn: _Connection) -> None:
         if self._closing:
@@ -517,7 +536,13 @@ class UpstreamPool:
         self._wake_waiters()
 
     def _closed(self, conn: _Connection) -> None:
-        self._forget_one(conn.origin)
+        """`conn` is closed (or never opened): free its slot, once."""
+        conn.closed = True
+        if conn.holds_slot:
+            conn.holds_slot = False
+            self._origins[conn.origin].open -= 1
+            self._open -= 1
+            self._wake_waiters()
 
     def _close_one_idle(self) -> None:
         """At the global cap: close the longest-idle connection of any replica, if one is."""

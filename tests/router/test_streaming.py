@@ -9,7 +9,6 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from router.app import create_app
 from tests.router.conftest import (
     StartGateway,
     StartSim,
@@ -155,29 +154,19 @@ async def test_plain_body_broken_mid_way_is_not_passed_off_as_complete(
 
 
 async def test_tcp_nodelay_on_the_client_socket(
-    start_sim: StartSim, http: aiohttp.ClientSession
+    start_sim: StartSim, start_gateway: StartGateway, http: aiohttp.ClientSession
 ) -> None:
     """Nagle's algorithm would hold small SSE events back ~40 ms: the served socket disables it."""
-    sim = await start_sim()
-    app = create_app(fast_config([sim.url]))
-    flags: list[int] = []
-
-    async def record(request: web.Request, response: web.StreamResponse) -> None:
-        assert request.transport is not None
-        sock = request.transport.get_extra_info("socket")
-        flags.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
-
-    app.on_response_prepare.append(record)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        async with http.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}) as r:
-            assert r.status == 200
-    finally:
-        await runner.cleanup()
+    sim = await start_sim(time_scale=0.05)
+    gw = await start_gateway(fast_config([sim.url]))
+    body = {"prompt": "x", "max_tokens": 50, "ignore_eos": True, "stream": True}
+    async with http.post(gw.url + "/v1/completions", json=body) as r:
+        assert r.status == 200
+        await r.content.readany()
+        # The stream is open: its connection is one of the edge server's.
+        sockets = [conn.socket for conn in gw.edge.connections if conn.busy]
+        flags = [s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in sockets if s]
+        await r.read()
     assert flags and all(flag != 0 for flag in flags)
 
 
