@@ -263,6 +263,8 @@ class _EdgeConnection(asyncio.Protocol):
         self._remote: str | None = None
         self._queue: deque[EdgeRequest | _Reject] = deque()
         self._task: asyncio.Task[None] | None = None
+        self._wakeup: asyncio.Future[None] | None = None  # the task waits here for a request
+        self.busy = False  # answering a request
         self._paused_reading = False
         self._write_paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
@@ -276,10 +278,6 @@ class _EdgeConnection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_size = 0
         self._rejected = False
-
-    @property
-    def busy(self) -> bool:
-        return self._task is not None
 
     @property
     def socket(self) -> socket.socket | None:
@@ -296,6 +294,7 @@ class _EdgeConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self._remote = peer[0] if isinstance(peer, tuple) and peer else None
         self._server.connections.add(self)
+        self._task = self._loop.create_task(self._serve())
 
     def data_received(self, data: bytes) -> None:
         if self._rejected:
@@ -403,16 +402,25 @@ class _EdgeConnection(asyncio.Protocol):
 
     def _enqueue(self, item: EdgeRequest | _Reject) -> None:
         self._queue.append(item)
-        if self._task is None:
-            self._task = self._loop.create_task(self._answer_queue())
-        elif len(self._queue) >= _MAX_QUEUED and not self._paused_reading:
+        wakeup = self._wakeup
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
+        if len(self._queue) >= _MAX_QUEUED and not self._paused_reading:
             assert self._transport is not None
             self._paused_reading = True
             self._transport.pause_reading()
 
-    async def _answer_queue(self) -> None:
+    async def _serve(self) -> None:
+        """The connection's one task (not one per request): answer requests in order."""
         try:
-            while self._queue and not self.closed:
+            while not self.closed:
+                if not self._queue:
+                    if self.closing:
+                        break
+                    self._wakeup = self._loop.create_future()
+                    await self._wakeup
+                    self._wakeup = None
+                    continue
                 item = self._queue.popleft()
                 if self._paused_reading and len(self._queue) < _MAX_QUEUED // 2:
                     self._paused_reading = False
@@ -425,8 +433,7 @@ class _EdgeConnection(asyncio.Protocol):
                         error_body(item.message, "invalid_request_error", None, item.status),
                         {"Content-Type": "application/json"},
                     )
-                    self.close()
-                    return
+                    break
                 keep_alive = item.keep_alive and not self.closing and not self._server.draining
                 response = EdgeResponse(
                     self,
@@ -434,18 +441,19 @@ class _EdgeConnection(asyncio.Protocol):
                     head_only=item.method == "HEAD",
                     http10=item.http_version == "1.0",
                 )
-                await self._server.handle(item, response)
+                self.busy = True
+                try:
+                    await self._server.handle(item, response)
+                finally:
+                    self.busy = False
+                    self.idle_since = self._loop.time()
+                    self._server.note_idle()
                 if not response.keep_alive:
-                    self.close()
-                    return
+                    break
         except ClientGone:
-            self.close()
+            pass
         finally:
-            self._task = None
-            self.idle_since = self._loop.time()
-            if self.closing and not self.closed and not self._queue:
-                self.close()
-            self._server.note_idle()
+            self.close()
 
     def write(self, data: bytes) -> None:
         if self.closed or self._transport is None or self._transport.is_closing():

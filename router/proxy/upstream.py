@@ -415,6 +415,7 @@ class UpstreamPool:
         self._open = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._closing = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def open_connections(self) -> int:
@@ -429,7 +430,9 @@ class UpstreamPool:
 
         Raises a `TransportError`; the caller must `release` or `abort` the response.
         """
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:  # bound on first use (a lookup per request costs a getpid syscall)
+            loop = self._loop = asyncio.get_running_loop()
         conn, reused = await self._acquire(origin)
         response = UpstreamResponse(conn, loop)
         conn.send(response, head, body)
