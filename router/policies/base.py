@@ -10,14 +10,16 @@ fleet simulator in virtual time.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 __all__ = ["Decision", "Policy", "ReplicaView", "RoutingRequest"]
 
+# The value types below are NamedTuples rather than frozen dataclasses: just as immutable, but
+# built several times faster (a frozen dataclass sets each field through object.__setattr__),
+# and a few are built for every request and every candidate on the hot path.
 
-@dataclass(frozen=True, slots=True)
-class RoutingRequest:
+
+class RoutingRequest(NamedTuple):
     """What a policy may know about one request; computed once, at the edge."""
 
     model: str
@@ -40,8 +42,7 @@ class RoutingRequest:
     members: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class ReplicaView:
+class ReplicaView(NamedTuple):
     """An immutable snapshot of one healthy candidate replica, taken just before the decision."""
 
     replica_id: str
@@ -59,8 +60,7 @@ class ReplicaView:
     held_blocks: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     """The chosen replica and why (the reason is a metric label: keep it a small fixed set)."""
 
     replica_id: str
