@@ -35,11 +35,11 @@ class GatewayState:
     sims: list[Any] = field(default_factory=list)
     # The loop the gateway runs on (set at start-up; saves a lookup per request).
     loop: asyncio.AbstractEventLoop | None = None
+    # The session header's name as raw headers are compared (lower-case bytes).
+    session_header: bytes = field(init=False, default=b"")
 
-    @property
-    def session_header(self) -> bytes:
-        """The session header's name as the edge server's raw headers spell it."""
-        return self.config.session_header.lower().encode("latin-1")
+    def __post_init__(self) -> None:
+        self.session_header = self.config.session_header.lower().encode("latin-1")
 
     def require_proxy(self) -> Proxy:
         if self.proxy is None:

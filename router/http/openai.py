@@ -17,7 +17,8 @@ from router.http.appstate import STATE, GatewayState
 from router.http.edge import EdgeRequest, EdgeResponse
 from router.http.errors import send_error
 from router.http.validation import parse_json_object, validate
-from router.proxy.forward import Outcome, request_id_of
+from router.proxy.forward import Outcome, new_request_id
+from router.proxy.headers import read_client_headers
 
 __all__ = ["OPENAI_ENDPOINTS", "add_openai_routes", "serve_openai"]
 
@@ -30,7 +31,8 @@ async def serve_openai(
     The edge server has already read the whole body and refused one over the size limit.
     """
     loop = state.loop or asyncio.get_running_loop()
-    outcome = Outcome(started=loop.time(), request_id=request_id_of(request))
+    client = read_client_headers(request.raw_headers, state.session_header)
+    outcome = Outcome(started=loop.time(), request_id=client.request_id or new_request_id())
     status = 500
     try:
         try:
@@ -39,9 +41,9 @@ async def serve_openai(
             core = state.core
             model = core.resolve_model(parsed.model)
             outcome.model = model
-            session_key = request.header(state.session_header) or parsed.user
+            session_key = client.session or parsed.user
             ctx = core.prepare(endpoint, body, model, session_key=session_key)
-            await state.require_proxy().forward(request, response, ctx, outcome)
+            await state.require_proxy().forward(request, response, ctx, outcome, client)
         except RouterError as exc:
             send_error(response, exc, outcome.request_id)
         status = 499 if outcome.client_gone else response.status

@@ -1,6 +1,6 @@
 """Forwarding to replicas: streaming passthrough, retries before the first byte, timeouts."""
 
-from router.proxy.forward import Outcome, Proxy, request_id_of
+from router.proxy.forward import Outcome, Proxy, new_request_id
 from router.proxy.headers import REPLICA_HEADER, REQUEST_ID_HEADER
 from router.proxy.retry import ExponentialBackoff, RetryPolicy, Timeouts
 
@@ -12,5 +12,5 @@ __all__ = [
     "Proxy",
     "RetryPolicy",
     "Timeouts",
-    "request_id_of",
+    "new_request_id",
 ]

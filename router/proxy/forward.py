@@ -29,7 +29,7 @@ from router.errors import NoHealthyReplica, UpstreamError, UpstreamTimeout, erro
 from router.fleet.replica import Replica
 from router.http.edge import ClientGone, EdgeRequest, EdgeResponse
 from router.metrics import RouterMetrics
-from router.proxy.headers import RawHeaders, downstream_headers, upstream_headers
+from router.proxy.headers import ClientHeaders, RawHeaders, downstream_headers, upstream_headers
 from router.proxy.retry import RetryPolicy, Timeouts
 from router.proxy.sse import announces_role_only
 from router.proxy.upstream import (
@@ -40,7 +40,7 @@ from router.proxy.upstream import (
     UpstreamResponse,
 )
 
-__all__ = ["Outcome", "Proxy", "request_id_of"]
+__all__ = ["Outcome", "Proxy", "new_request_id"]
 
 _SSE = b"text/event-stream"
 _DONE = b"data: [DONE]\n\n"
@@ -51,10 +51,9 @@ _TIMEOUT_MESSAGES = {
 }
 
 
-def request_id_of(request: EdgeRequest) -> str:
-    """The client's X-Request-Id, or a fresh one (unique, not secret: no system entropy call
-    per request)."""
-    return request.header(b"x-request-id") or f"{random.getrandbits(128):032x}"
+def new_request_id() -> str:
+    """A fresh request id (unique, not secret: no system entropy call per request)."""
+    return f"{random.getrandbits(128):032x}"
 
 
 @dataclass(slots=True)
@@ -201,6 +200,7 @@ class Proxy:
         response: EdgeResponse,
         ctx: RouteContext,
         outcome: Outcome,
+        client: ClientHeaders,
     ) -> None:
         """Answer `request` from a replica chosen for `ctx`, retrying before the first byte."""
         body = request.body
@@ -208,7 +208,7 @@ class Proxy:
         head = _RequestHead(
             request.method.encode("ascii"),
             request.target.encode("utf-8", "surrogateescape"),
-            upstream_headers(request.raw_headers, outcome.request_id, request.remote),
+            upstream_headers(client, outcome.request_id, request.remote),
             len(body),
         )
         tried: list[str] = []

@@ -8,15 +8,18 @@ the way through, and a name is compared in lower case against the drop lists bel
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 __all__ = [
     "HOP_BY_HOP",
     "REPLICA_HEADER",
     "REQUEST_ID_HEADER",
+    "ClientHeaders",
     "RawHeaders",
     "downstream_headers",
     "header_lines",
     "header_value",
+    "read_client_headers",
     "relayed_request_headers",
     "relayed_response_headers",
     "upstream_headers",
@@ -44,6 +47,7 @@ HOP_BY_HOP = frozenset(
 )
 # Recomputed by our own HTTP stack on each side.
 _REQUEST_DROP = HOP_BY_HOP | {b"host", b"content-length", b"expect", b"x-request-id"}
+# Proxied requests: X-Forwarded-For is rebuilt with the peer appended.
 _REQUEST_DROP_WITH_PEER = _REQUEST_DROP | {b"x-forwarded-for"}
 _RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"date", b"server", b"x-request-id"}
 # The gateway's own control application: its request id is the client's, kept both ways.
@@ -66,17 +70,48 @@ def header_lines(headers: Iterable[tuple[str, str]]) -> bytes:
     )
 
 
-def upstream_headers(incoming: RawHeaders, request_id: str, peer: str | None) -> bytes:
-    """The client's header lines as sent to the replica: hop-by-hop dropped, request id set,
-    the peer appended to X-Forwarded-For."""
-    drop = _REQUEST_DROP_WITH_PEER if peer else _REQUEST_DROP
-    lines = _kept_lines(incoming, drop)
-    lines.append(b"X-Request-Id: %s\r\n" % request_id.encode("utf-8", "surrogateescape"))
+class ClientHeaders(NamedTuple):
+    """What the proxy takes from a client's headers, read in one pass."""
+
+    lines: bytes  # to forward: all but hop-by-hop, Host, Content-Length, Expect, the two below
+    request_id: str | None  # X-Request-Id
+    forwarded_for: bytes  # the incoming X-Forwarded-For chain (b"" when absent)
+    session: str | None  # the value of the configured session header
+
+
+def read_client_headers(incoming: RawHeaders, session_header: bytes) -> ClientHeaders:
+    """One pass over a request's headers (`session_header` in lower case)."""
+    lines = []
+    request_id = session = None
+    chain: list[bytes] = []
+    hop_named = False
+    for key, value in incoming:
+        lower = key.lower()
+        if lower in _REQUEST_DROP_WITH_PEER:
+            if lower == b"x-request-id":
+                request_id = request_id or value.decode("utf-8", "surrogateescape")
+            elif lower == b"x-forwarded-for":
+                chain.append(value)
+            elif lower == b"connection":
+                hop_named = True
+            continue
+        if lower == session_header and session is None:
+            session = value.decode("utf-8", "surrogateescape")
+        lines.append(b"%s: %s\r\n" % (key, value))
+    if hop_named:  # rare: Connection names more headers to drop
+        lines = _kept_lines(incoming, _REQUEST_DROP_WITH_PEER)
+    return ClientHeaders(b"".join(lines), request_id, b", ".join(chain), session)
+
+
+def upstream_headers(client: ClientHeaders, request_id: str, peer: str | None) -> bytes:
+    """The client's header lines as sent to the replica: the request id set, the peer appended
+    to X-Forwarded-For."""
+    chain = client.forwarded_for
     if peer:
-        previous = b", ".join(v for k, v in incoming if k.lower() == b"x-forwarded-for")
-        chain = previous + b", " + peer.encode() if previous else peer.encode()
-        lines.append(b"X-Forwarded-For: %s\r\n" % chain)
-    return b"".join(lines)
+        chain = chain + b", " + peer.encode() if chain else peer.encode()
+    forwarded = b"X-Forwarded-For: %s\r\n" % chain if chain else b""
+    rid = request_id.encode("utf-8", "surrogateescape")
+    return b"%sX-Request-Id: %s\r\n%s" % (client.lines, rid, forwarded)
 
 
 def downstream_headers(upstream: RawHeaders, replica_id: str, request_id: str) -> bytes:

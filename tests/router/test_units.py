@@ -7,7 +7,7 @@ import pytest
 from router.errors import BadRequest
 from router.fleet.stats import parse_vllm_metrics
 from router.http.validation import parse_json_object, validate
-from router.proxy.headers import downstream_headers, upstream_headers
+from router.proxy.headers import downstream_headers, read_client_headers, upstream_headers
 
 VLLM_METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -80,7 +80,9 @@ def test_hop_by_hop_headers_are_dropped_both_ways() -> None:
         (b"X-Forwarded-For", b"10.0.0.1"),
         (b"X-Request-Id", b"client-chose-this"),
     ]
-    out = _lines(upstream_headers(incoming, "req-1", "10.0.0.2"))
+    client = read_client_headers(incoming, b"x-session-id")
+    assert (client.request_id, client.session) == ("client-chose-this", "s1")
+    out = _lines(upstream_headers(client, "req-1", "10.0.0.2"))
     assert out == [
         ("Authorization", "Bearer sk-1"),
         ("X-Session-Id", "s1"),
@@ -88,7 +90,10 @@ def test_hop_by_hop_headers_are_dropped_both_ways() -> None:
         ("X-Forwarded-For", "10.0.0.1, 10.0.0.2"),
     ]
     # Without a peer address the chain is passed on as it came.
-    assert ("X-Forwarded-For", "10.0.0.1") in _lines(upstream_headers(incoming, "req-1", None))
+    assert ("X-Forwarded-For", "10.0.0.1") in _lines(upstream_headers(client, "req-1", None))
+    # No Connection header naming others: one pass, the same kept lines.
+    plain = read_client_headers([(b"Accept", b"*/*"), (b"TE", b"trailers")], b"x-session-id")
+    assert (plain.lines, plain.request_id, plain.session) == (b"Accept: */*\r\n", None, None)
 
     upstream = [
         (b"Content-Type", b"text/event-stream"),
