@@ -134,6 +134,10 @@ async def _serve_until_signalled(config: RouterConfig, reuse_port: bool) -> None
         # collector's way (fewer, cheaper collections on the request path).
         gc.collect()
         gc.freeze()
+        # Requests allocate container objects that die young, by refcount; a young-generation
+        # collection costs in proportion to what is alive at that moment (the requests in
+        # flight), so collecting 100x less often does 100x less of that work.
+        gc.set_threshold(70_000, 10, 10)
         await stop.wait()
 
 

@@ -73,6 +73,8 @@ class CircuitBreaker:
 
     def on_attempt(self) -> bool:
         """Note that a request is being sent; returns True when it is a half-open trial."""
+        if self._state is CircuitState.CLOSED:  # the usual case, without the clock
+            return False
         if self.state is CircuitState.HALF_OPEN:
             self._trials += 1
             return True

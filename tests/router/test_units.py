@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from router.errors import BadRequest
 from router.fleet.stats import parse_vllm_metrics
 from router.http.validation import parse_json_object, validate
+from router.proxy.forward import new_request_id
 from router.proxy.headers import downstream_headers, read_client_headers, upstream_headers
 
 VLLM_METRICS = """\
@@ -160,3 +163,20 @@ def test_validation_accepts_valid_shapes() -> None:
 def test_parse_json_object_rejects(raw: bytes) -> None:
     with pytest.raises(BadRequest):
         parse_json_object(raw)
+
+
+def test_request_ids_are_unique_in_a_process_and_across_forks() -> None:
+    ids = [new_request_id() for _ in range(1000)]
+    assert len(set(ids)) == 1000
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a worker forked after ids were handed out
+        os.write(write_end, new_request_id().encode())
+        os._exit(0)
+    os.close(write_end)
+    child_id = os.read(read_end, 64).decode()
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    # The child drew its own prefix: its ids cannot collide with the parent's counter.
+    assert len(child_id) == 32 and child_id[:16] != ids[0][:16]
