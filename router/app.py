@@ -48,6 +48,7 @@ from router.prefix.kv_events import KvEventConsumer
 from router.prefix.kv_spec import kv_event_sources
 from router.prefix.tokenizer import load_routing_tokenizer
 from router.prefix.units import KeyUnits
+from router.proxy.deadlines import Deadlines
 from router.proxy.forward import Proxy
 from router.proxy.retry import ExponentialBackoff, RetryPolicy, Timeouts
 from router.proxy.upstream import Origin, UpstreamPool
@@ -203,9 +204,12 @@ async def _client_sessions(app: web.Application) -> AsyncIterator[None]:
         timeout=aiohttp.ClientTimeout(total=max(cfg.health_timeout_s, cfg.scrape_timeout_s)),
     )
     state.loop = asyncio.get_running_loop()
+    deadlines = Deadlines()
+    deadlines.start()
     state.proxy = Proxy(
         core=state.core,
         pool=pool,
+        deadlines=deadlines,
         timeouts=Timeouts(
             connect_s=cfg.connect_timeout_s,
             first_byte_s=cfg.first_byte_timeout_s,
@@ -235,6 +239,7 @@ async def _client_sessions(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        await deadlines.stop()
         await pool.close()
         await control_session.close()
         state.proxy = state.health = state.scraper = None

@@ -9,8 +9,8 @@
   backoff.  After the first byte there is no retry: a broken SSE stream ends with an SSE error
   event and `data: [DONE]`; a broken plain body closes the connection (never a silent truncation).
 - Timeouts: connect (the upstream pool); first byte, total and idle-between-chunks by one
-  `_Deadline` per attempt (a TimerHandle that cancels the attempt, as `asyncio.timeout_at`
-  does at several times its cost) and an idle watchdog re-armed lazily, not once per chunk.
+  `Deadline` per attempt in a coarse timing wheel (router.proxy.deadlines): no timer is armed
+  per request, and the idle limit is checked lazily, never per chunk.
 - Cancellation (the client went away, or shutdown) closes the upstream connection, which makes
   vLLM abort the request.  The `Lease` returns the replica's in-flight slot on every path.
 """
@@ -31,6 +31,7 @@ from router.errors import NoHealthyReplica, UpstreamError, UpstreamTimeout, erro
 from router.fleet.replica import Replica
 from router.http.edge import ClientGone, EdgeRequest, EdgeResponse
 from router.metrics import RouterMetrics
+from router.proxy.deadlines import Deadlines
 from router.proxy.headers import ClientHeaders, RawHeaders, downstream_headers, upstream_headers
 from router.proxy.retry import RetryPolicy, Timeouts
 from router.proxy.sse import announces_role_only
@@ -124,77 +125,6 @@ class _RequestHead:
         )
 
 
-class _Deadline:
-    """`asyncio.timeout_at` for one attempt, at a fraction of its cost: one TimerHandle that
-    cancels the attempt's task when it fires.  `kind` names the timeout it stands for now.
-
-    As with asyncio's own, a CancelledError is the deadline's only if it fired and nobody
-    else cancelled the task meanwhile (`timed_out`, which also takes its cancel back).
-    """
-
-    __slots__ = ("_handle", "_loop", "_task", "fired", "kind")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, when: float, kind: str) -> None:
-        self._loop = loop
-        task = asyncio.current_task(loop)
-        assert task is not None
-        self._task = task
-        self.fired = False
-        self.kind = kind
-        self._handle = loop.call_at(when, self._fire)
-
-    def _fire(self) -> None:
-        self.fired = True
-        self._task.cancel()
-
-    def reschedule(self, when: float, kind: str) -> None:
-        self._handle.cancel()
-        self.kind = kind
-        self._handle = self._loop.call_at(when, self._fire)
-
-    def fire_now(self, kind: str) -> None:
-        self._handle.cancel()
-        self.kind = kind
-        self._fire()
-
-    def cancel(self) -> None:
-        self._handle.cancel()
-
-    def timed_out(self) -> bool:
-        return self.fired and self._task.uncancel() == 0
-
-
-class _IdleWatchdog:
-    """The idle timeout of a stream, with one timer per attempt instead of one per chunk.
-
-    The streaming loop only stamps `since` (loop time it started waiting on the replica, or None
-    while it writes to the client); the timer re-arms itself and, when a wait has lasted
-    `limit_s`, fires the attempt's deadline at once.
-    """
-
-    __slots__ = ("_deadline", "_handle", "_loop", "limit_s", "since")
-
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, deadline: _Deadline, limit_s: float
-    ) -> None:
-        self._loop = loop
-        self._deadline = deadline
-        self.limit_s = limit_s
-        self.since: float | None = None
-        self._handle = loop.call_at(loop.time() + limit_s, self._check)
-
-    def _check(self) -> None:
-        now = self._loop.time()
-        since = self.since
-        if since is not None and now - since >= self.limit_s:
-            self._deadline.fire_now("timeout_idle")
-            return
-        self._handle = self._loop.call_at((since or now) + self.limit_s, self._check)
-
-    def cancel(self) -> None:
-        self._handle.cancel()
-
-
 class Proxy:
     """Sends requests to replicas chosen by the routing core; one per gateway."""
 
@@ -203,12 +133,14 @@ class Proxy:
         *,
         core: RoutingCore,
         pool: UpstreamPool,
+        deadlines: Deadlines,
         timeouts: Timeouts,
         retry: RetryPolicy,
         metrics: RouterMetrics,
     ) -> None:
         self._core = core
         self._pool = pool  # connects within timeouts.connect_s; the other timeouts are ours
+        self._deadlines = deadlines
         self._timeouts = timeouts
         self._retry = retry
         self._metrics = metrics
@@ -285,12 +217,12 @@ class Proxy:
         first_deadline = now + timeouts.first_byte_s
         # Until the first body byte the attempt is bound by the first-byte timeout (or the
         # total one, if sooner); then by the total one, with the idle watchdog.
+        deadlines = self._deadlines
         if first_deadline < total_deadline:
-            deadline = _Deadline(loop, first_deadline, "timeout_first_byte")
+            deadline = deadlines.arm(first_deadline, "timeout_first_byte")
         else:
-            deadline = _Deadline(loop, total_deadline, "timeout_total")
+            deadline = deadlines.arm(total_deadline, "timeout_total")
         upstream: UpstreamResponse | None = None
-        watchdog: _IdleWatchdog | None = None
         last_chunk = b""
         with self._core.start(replica, ctx) as lease:
             try:
@@ -319,14 +251,13 @@ class Proxy:
                 await response.start(status, headers, upstream.reason, upstream.content_length)
                 await response.write(first)
                 last_chunk = first
-                deadline.reschedule(total_deadline, "timeout_total")
-                watchdog = _IdleWatchdog(loop, deadline, timeouts.idle_s)
+                deadlines.move(deadline, total_deadline, "timeout_total", timeouts.idle_s)
                 write = response.write
                 read_chunk = upstream.read_chunk
                 while first:
-                    watchdog.since = loop.time()
+                    deadline.waiting_since = loop.time()
                     chunk = await read_chunk()
-                    watchdog.since = None
+                    deadline.waiting_since = None
                     if not chunk:
                         break
                     if prefilling and not announces_role_only(chunk):
@@ -351,9 +282,7 @@ class Proxy:
                 kind, message = exc.kind, str(exc)
                 timed_out = isinstance(exc, ConnectTimedOut)
             finally:
-                deadline.cancel()
-                if watchdog is not None:
-                    watchdog.cancel()
+                deadlines.disarm(deadline)
                 if upstream is not None:
                     # Read to the end: the connection serves again; else closing it aborts
                     # the request on the replica.
