@@ -7,7 +7,7 @@ Value ranges stay the replica's business (its 400 reaches the client unchanged).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import orjson
@@ -106,27 +106,33 @@ def _require(body: Mapping[str, Any], field: str, endpoint: str) -> Any:
     return value
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+# Typed optional fields: (check, what it must be).  Null is always allowed.
+_FIELD_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "model": (lambda v: isinstance(v, str) and bool(v), "a string"),
+    "stream": (lambda v: isinstance(v, bool), "a boolean"),
+    "user": (lambda v: isinstance(v, str), "a string"),
+    "stream_options": (lambda v: isinstance(v, dict), "an object"),
+    **{name: (_is_int, "an integer") for name in _INT_FIELDS},
+    **{name: (_is_number, "a number") for name in _NUMBER_FIELDS},
+}
+
+
 def validate(endpoint: str, body: Mapping[str, Any]) -> ParsedRequest:
     """Check the fields the router relies on and those any replica would reject as malformed."""
+    # Only the fields present are checked (a body carries a few of the dozen typed ones);
+    # sorted, so the error names the same field whatever the body's key order.
+    for name in sorted(_FIELD_CHECKS.keys() & body.keys()):
+        value = body[name]
+        check, expected = _FIELD_CHECKS[name]
+        if value is not None and not check(value):
+            _expect(False, name, expected, value)
     model = body.get("model")
-    _expect(model is None or (isinstance(model, str) and bool(model)), "model", "a string", model)
     stream = body.get("stream")
-    _expect(stream is None or isinstance(stream, bool), "stream", "a boolean", stream)
     user = body.get("user")
-    _expect(user is None or isinstance(user, str), "user", "a string", user)
-    options = body.get("stream_options")
-    _expect(options is None or isinstance(options, dict), "stream_options", "an object", options)
-    for name in _INT_FIELDS:
-        value = body.get(name)
-        _expect(value is None or _is_int(value), name, "an integer", value)
-    for name in _NUMBER_FIELDS:
-        value = body.get(name)
-        _expect(
-            value is None or (isinstance(value, int | float) and not isinstance(value, bool)),
-            name,
-            "a number",
-            value,
-        )
 
     if endpoint == "completions":
         _check_prompt(_require(body, "prompt", "/v1/completions"))
