@@ -11,9 +11,14 @@ streaming) it measures:
   /proc/<pid>/stat) divided by the requests it proxied; median of `--rounds` alternating rounds.
 
 "aiohttp floor" is the least an aiohttp proxy can do (no routing, validation, metrics, timeouts,
-retries, header filtering): what fleet-router's own features cost is the difference to it.
+retries, header filtering): what the aiohttp stack alone costs per request.  fleet-router
+itself no longer runs its data path on aiohttp (router.http.edge and router.proxy.upstream:
+httptools on asyncio protocols), so it sits below that floor.
 
-    python benchmarks/proxy_overhead.py                # ~1-2 minutes on 2 cores
+`--policy` is fleet-router's policy; sglang-router runs `--sglang-policy` (default: the same
+name when sglang-router has it, else its own default, cache_aware).
+
+    python benchmarks/proxy_overhead.py                # ~5 minutes on 2 cores
     python benchmarks/proxy_overhead.py --quick        # a smoke run
 """
 
@@ -222,13 +227,18 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=16, help="output tokens per request")
     parser.add_argument("--policy", default="round_robin")
+    parser.add_argument("--sglang-policy", default=None)
     parser.add_argument("--skip-sglang", action="store_true")
-    parser.add_argument("--rounds", type=int, default=3, help="CPU rounds per router")
+    parser.add_argument("--rounds", type=int, default=5, help="CPU rounds per router")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
         args.latency_requests, args.cpu_requests, args.rounds = 60, 300, 1
 
+    sglang_policies = ("round_robin", "random", "cache_aware", "power_of_two")
+    sg_policy = args.sglang_policy or (
+        args.policy if args.policy in sglang_policies else "cache_aware"
+    )
     with processes() as procs:
         sim_port, fr_port = free_port(), free_port()
         sim = start([sys.executable, "-m", "replicas.sim", "--port", str(sim_port),
@@ -254,7 +264,7 @@ async def main() -> None:
                 sg_port = free_port()
                 sg = start(
                     [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-                     "--port", str(sg_port), "--worker-urls", sim_url, "--policy", args.policy,
+                     "--port", str(sg_port), "--worker-urls", sim_url, "--policy", sg_policy,
                      "--log-level", "warn"],
                     # No tokenizer download: an unreachable local "hub".
                     env={"HF_ENDPOINT": "http://127.0.0.1:9"},
@@ -275,8 +285,8 @@ async def main() -> None:
         await wait_ready(floor_target.url, floor)
         targets.append(floor_target)
 
-        print(f"replica answers at once (time_scale 0), {args.tokens} output tokens, "
-              f"policy {args.policy}; {os.cpu_count()} CPUs")  # fmt: skip
+        print(f"replica answers at once (time_scale 0), {args.tokens} output tokens, policy "
+              f"{args.policy} (sglang-router: {sg_policy}); {os.cpu_count()} CPUs")  # fmt: skip
         if sglang_note:
             print(sglang_note)
         # Latency first (the replica is fresh), then CPU.  Streaming is measured twice: with

@@ -174,13 +174,18 @@ class EdgeResponse:
         headers: Headers = b"",
         reason: str | None = None,
         content_length: int | None = None,
+        first: bytes = b"",
     ) -> None:
         """Send the head of a streamed answer (chunked unless its length is known; to an
-        HTTP/1.0 client, delimited by closing the connection instead)."""
+        HTTP/1.0 client, delimited by closing the connection instead), with the body's `first`
+        bytes in the same write: one send on the path to the client's first token."""
         self._chunked = content_length is None and not self._http10
         if content_length is None and self._http10:
             self._keep_alive = False
-        self._conn.write(self._head(status, reason, headers, content_length))
+        head = self._head(status, reason, headers, content_length)
+        if first and not self._head_only:
+            head += b"%x\r\n%b\r\n" % (len(first), first) if self._chunked else first
+        self._conn.write(head)
         await self._conn.drain()
 
     async def write(self, chunk: bytes) -> None:

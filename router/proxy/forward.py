@@ -248,8 +248,9 @@ class Proxy:
                     response.send(status, first, headers, upstream.reason)
                     lease.record_success()
                     return None
-                await response.start(status, headers, upstream.reason, upstream.content_length)
-                await response.write(first)
+                await response.start(
+                    status, headers, upstream.reason, upstream.content_length, first
+                )
                 last_chunk = first
                 deadlines.move(deadline, total_deadline, "timeout_total", timeouts.idle_s)
                 write = response.write
