@@ -417,6 +417,7 @@ class _EdgeConnection(asyncio.Protocol):
 
     async def _serve(self) -> None:
         """The connection's one task (not one per request): answer requests in order."""
+        handle = self._server.handler
         try:
             while not self.closed:
                 if not self._queue:
@@ -448,7 +449,11 @@ class _EdgeConnection(asyncio.Protocol):
                 )
                 self.busy = True
                 try:
-                    await self._server.handle(item, response)
+                    await handle(item, response)
+                except (ClientGone, asyncio.CancelledError):
+                    raise
+                except Exception:
+                    self._server.internal_error(item, response)
                 finally:
                     self.busy = False
                     self.idle_since = self._loop.time()
@@ -522,33 +527,39 @@ class EdgeServer:
         if self.draining and not any(c.busy for c in self.connections):
             self._quiet.set()
 
-    async def handle(self, request: EdgeRequest, response: EdgeResponse) -> None:
+    @property
+    def handler(self) -> Handler:
+        """What answers each request: the handler itself, or wrapped in the access log."""
+        return self._handler if self._access_log is None else self._logged
+
+    async def _logged(self, request: EdgeRequest, response: EdgeResponse) -> None:
         started = time.perf_counter()
         try:
             await self._handler(request, response)
-        except (ClientGone, asyncio.CancelledError):
-            raise
-        except Exception:
-            log.exception("unhandled error on %s %s", request.method, request.path)
-            if not response.started:
-                response.send(
-                    500,
-                    error_body("internal router error", "internal_error", None, 500),
-                    {"Content-Type": "application/json"},
-                )
-            else:
-                response.abort()
         finally:
-            if self._access_log is not None:
-                self._access_log.info(
-                    '%s "%s %s HTTP/%s" %d %.6fs',
-                    request.remote or "-",
-                    request.method,
-                    request.target,
-                    request.http_version,
-                    response.status,
-                    time.perf_counter() - started,
-                )
+            assert self._access_log is not None
+            self._access_log.info(
+                '%s "%s %s HTTP/%s" %d %.6fs',
+                request.remote or "-",
+                request.method,
+                request.target,
+                request.http_version,
+                response.status,
+                time.perf_counter() - started,
+            )
+
+    def internal_error(self, request: EdgeRequest, response: EdgeResponse) -> None:
+        """A handler failed unexpectedly: log it; a 500 if nothing was sent yet, else drop
+        the connection (a half-sent answer must not look complete)."""
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        if not response.started:
+            response.send(
+                500,
+                error_body("internal router error", "internal_error", None, 500),
+                {"Content-Type": "application/json"},
+            )
+        else:
+            response.abort()
 
     async def shutdown(self, drain_timeout_s: float) -> None:
         """Stop accepting; let requests in flight finish for up to `drain_timeout_s`; close."""

@@ -224,9 +224,6 @@ class UpstreamResponse:
     def on_status(self, reason: bytes) -> None:
         self.reason = reason.decode("latin-1")
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
-
     def on_head(self, status: int, keep_alive: bool) -> None:
         self.status = status
         self.keep_alive = keep_alive
@@ -360,8 +357,9 @@ class _Connection(asyncio.Protocol):
             self._response.on_status(reason)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._response is not None and not self._untrusted:
-            self._response.on_header(name, value)
+        response = self._response
+        if response is not None and not self._untrusted:
+            response.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         response = self._response

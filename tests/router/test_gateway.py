@@ -394,3 +394,22 @@ async def test_session_header_pins_a_session_and_falls_back_when_its_replica_is_
     assert [await served(k) for k in others] == [owners[k] for k in others]  # others stay put
     down.healthy = True
     assert await served("s3") == owners["s3"]  # and it comes back to its replica
+
+
+async def test_access_log_names_every_request_with_its_status(
+    start_sim: StartSim,
+    start_gateway: StartGateway,
+    http: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`--access-log`: one line per request, proxied or relayed to the control app."""
+    sim = await start_sim()
+    gw = await start_gateway(fast_config([sim.url], access_log=True))
+    caplog.set_level("INFO", logger="router.access")
+    async with http.post(gw.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}) as r:
+        assert r.status == 200
+    async with http.get(gw.url + "/nowhere") as r:
+        assert r.status == 404
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "router.access"]
+    assert any('"POST /v1/completions HTTP/1.1" 200' in line for line in lines), lines
+    assert any('"GET /nowhere HTTP/1.1" 404' in line for line in lines), lines
