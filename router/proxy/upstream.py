@@ -122,13 +122,10 @@ class UpstreamResponse:
         "_conn",
         "_done",
         "_error",
-        "_framed",
         "_head_done",
         "_loop",
         "_paused",
         "_waiter",
-        "content_length",
-        "content_type",
         "headers",
         "keep_alive",
         "reason",
@@ -145,14 +142,11 @@ class UpstreamResponse:
         self._paused = False
         self._head_done = False
         self._done = False
-        self._framed = False  # Content-Length or chunked: the end is in the data, not at EOF
         self._error: TransportError | None = None
         self.received_any = False
         self.status = 0
         self.reason = ""
         self.headers: list[tuple[bytes, bytes]] = []  # as received, in order
-        self.content_length: int | None = None
-        self.content_type = b""
         self.keep_alive = False
 
     # --- reading (the proxy's side) ------------------------------------------------------
@@ -225,22 +219,35 @@ class UpstreamResponse:
         self.reason = reason.decode("latin-1")
 
     def on_head(self, status: int, keep_alive: bool) -> None:
+        # Nothing read from the headers here: a whole answer (the usual case) needs none of
+        # it; the properties below look when asked.
         self.status = status
         self.keep_alive = keep_alive
-        for name, value in self.headers:
-            lower = name.lower()
-            if lower == b"content-length":
-                self._framed = True
-                if value.strip().isdigit():
-                    self.content_length = int(value)
-            elif lower == b"transfer-encoding" and b"chunked" in value.lower():
-                self._framed = True
-            elif lower == b"content-type":
-                self.content_type = value
-        if status in (204, 304):
-            self._framed = True
         self._head_done = True
         self._wake()
+
+    @property
+    def content_length(self) -> int | None:
+        """The declared Content-Length, if there is a valid one."""
+        value = self._header(b"content-length")
+        return int(value) if value is not None and value.strip().isdigit() else None
+
+    @property
+    def content_type(self) -> bytes:
+        return self._header(b"content-type") or b""
+
+    def _header(self, name: bytes) -> bytes | None:
+        for key, value in self.headers:
+            if key.lower() == name:
+                return value
+        return None
+
+    def _framed(self) -> bool:
+        """Whether the body's end is in the data (a length, chunks, or no body) rather than
+        where the connection closes."""
+        if self.status in (204, 304) or self._header(b"content-length") is not None:
+            return True
+        return b"chunked" in (self._header(b"transfer-encoding") or b"").lower()
 
     def on_body(self, body: bytes) -> None:
         self._buffer.append(body)
@@ -257,7 +264,7 @@ class UpstreamResponse:
     def on_lost(self, exc: Exception | None) -> None:
         if self._done or self._error is not None:
             return  # complete, or already failed with a more precise error
-        if self._head_done and not self._framed and exc is None:
+        if self._head_done and exc is None and not self._framed():
             self._done = True  # the body ends where the connection does
         else:
             reason = f": {exc}" if exc else ""
