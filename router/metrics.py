@@ -13,7 +13,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -355,7 +355,7 @@ class PrefixMetrics:
             ["replica"],
             registry=registry,
         )
-        self.match_ratio = Histogram(
+        self.match_ratio = LoopHistogram(
             _P + "match_ratio",
             "Predicted cached fraction of each routed prompt on the chosen replica",
             ["policy"],
