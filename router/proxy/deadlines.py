@@ -67,6 +67,8 @@ class Deadlines:
     def __init__(self, resolution_s: float = 0.05) -> None:
         self._resolution_s = resolution_s
         self._slots: dict[int, set[Deadline]] = {}
+        self._armed = asyncio.Event()  # set when the wheel holds something: an idle gateway
+        # does not tick at all
         self._swept = 0  # slots up to this one have been visited
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
@@ -98,9 +100,12 @@ class Deadlines:
         self._add(deadline, self._now())
 
     def disarm(self, deadline: Deadline) -> None:
-        slot = self._slots.get(deadline._slot)
+        key = deadline._slot
+        slot = self._slots.get(key)
         if slot is not None:
             slot.discard(deadline)
+            if not slot:
+                del self._slots[key]
 
     def _slot_of(self, when: float) -> int:
         return math.ceil(when / self._resolution_s)
@@ -111,15 +116,26 @@ class Deadlines:
 
     def _add(self, deadline: Deadline, now: float) -> None:
         # Never into a slot already swept: it would be missed.
-        key = deadline._slot = max(self._slot_of(deadline.due(now)), self._swept + 1)
+        # A time already past goes into the next slot to sweep.
+        key = deadline._slot = max(self._slot_of(max(deadline.due(now), now)), self._swept + 1)
         slot = self._slots.get(key)
         if slot is None:
+            if not self._slots:
+                self._armed.set()
             slot = self._slots[key] = set()
         slot.add(deadline)
 
     async def _run(self) -> None:
         assert self._loop is not None
         while True:
+            if not self._slots:
+                self._armed.clear()
+                await self._armed.wait()
+                # Skip the empty slots of the idle time (never one in the future, nor one with
+                # something in it).
+                first = min(self._slots, default=self._swept + 1)
+                now_slot = self._slot_of(self._loop.time())
+                self._swept = max(self._swept, min(first, now_slot) - 1)
             await asyncio.sleep(self._resolution_s)
             self.sweep(self._loop.time())
 

@@ -453,3 +453,29 @@ async def test_stop_ends_the_sweeping_task() -> None:
     await asyncio.wait_for(task, timeout=10)
     assert outcome.finished
     assert body.deadline is not None and not body.deadline.fired
+
+
+async def test_a_far_deadline_first_does_not_delay_a_near_one(deadlines: Deadlines) -> None:
+    """The wheel wakes from idle on its first deadline; one armed later but due sooner still
+    fires on time (waking must not skip ahead to the far deadline's slot)."""
+    loop = asyncio.get_running_loop()
+    far = asyncio.create_task(asyncio.sleep(FAR_S))
+    await asyncio.sleep(0)
+    far_deadline = deadlines.arm(loop.time() + FAR_S, "timeout_total")
+
+    async def steps(me: Attempt, outcome: Outcome) -> None:
+        me.deadline = deadline = deadlines.arm(loop.time() + 0.1, "timeout_first_byte")
+        try:
+            await asyncio.sleep(FAR_S)
+        finally:
+            deadlines.disarm(deadline)
+
+    await asyncio.sleep(3 * RESOLUTION_S)  # the sweeper is awake, the far slot ahead
+    armed_at = loop.time()
+    task, outcome, _ = start(steps)
+    await asyncio.wait_for(task, timeout=10)
+    deadlines.disarm(far_deadline)
+    far.cancel()
+    assert outcome.timed_out is True and outcome.kind == "timeout_first_byte"
+    assert outcome.cancelled_at is not None
+    assert armed_at + 0.1 <= outcome.cancelled_at <= armed_at + 0.1 + LATE_S
