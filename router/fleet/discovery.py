@@ -21,7 +21,6 @@ The decision is the pure function `reconcile`; `DnsDiscovery` only resolves, app
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
 import socket
@@ -36,6 +35,7 @@ from router.fleet.replica import Replica
 from router.metrics import RouterMetrics
 from router.prefix.kv_events import KvEventConsumer
 from router.prefix.kv_spec import KvEventSource
+from router.tasks import stop_task
 
 __all__ = [
     "DnsDiscovery",
@@ -160,10 +160,7 @@ class DnsDiscovery:
         tb: TracebackType | None,
     ) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_task(task)
 
     async def discover_all(self) -> None:
         """One round: resolve every target, reconcile, probe newcomers, subscribe KV events."""

@@ -37,6 +37,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from router.errors import error_body
 from router.proxy.headers import RawHeaders, header_lines, header_value
+from router.tasks import stop_task
 
 __all__ = ["ClientGone", "EdgeRequest", "EdgeResponse", "EdgeServer", "Handler"]
 
@@ -566,10 +567,7 @@ class EdgeServer:
         self.draining = True
         if self._server is not None:
             self._server.close()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        await stop_task(self._sweeper)
         for conn in list(self.connections):
             conn.closing = True
             if not conn.busy:

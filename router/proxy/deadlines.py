@@ -16,8 +16,9 @@ slot comes up, never per chunk.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
+
+from router.tasks import stop_task
 
 __all__ = ["Deadline", "Deadlines"]
 
@@ -79,11 +80,8 @@ class Deadlines:
         self._task = self._loop.create_task(self._run(), name="proxy-deadlines")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     def arm(self, when: float, kind: str) -> Deadline:
         """A deadline for the current task."""

@@ -439,23 +439,34 @@ class UpstreamPool:
         if loop is None:  # bound on first use (a lookup per request costs a getpid syscall)
             loop = self._loop = asyncio.get_running_loop()
         conn, reused = await self._acquire(origin)
+        response = await self._exchange(conn, loop, head, body, stale_ok=reused)
+        if response is None:
+            # The replica closed this idle connection as we reused it: once more, fresh.
+            conn = await self._connect_new(origin)
+            response = await self._exchange(conn, loop, head, body, stale_ok=False)
+            assert response is not None
+        return response
+
+    @staticmethod
+    async def _exchange(
+        conn: _Connection,
+        loop: asyncio.AbstractEventLoop,
+        head: bytes,
+        body: bytes,
+        *,
+        stale_ok: bool,
+    ) -> UpstreamResponse | None:
+        """One request on `conn`, up to its response head.  None when `stale_ok` and the
+        connection turned out closed before any byte came back (worth one fresh try)."""
         response = UpstreamResponse(conn, loop)
         conn.send(response, head, body)
         try:
             await response.wait_head()
         except Disconnected:
             response.abort()
-            if not reused or response.received_any:
-                raise
-            # The replica closed this idle connection as we reused it: once more, fresh.
-            conn = await self._connect_new(origin)
-            response = UpstreamResponse(conn, loop)
-            conn.send(response, head, body)
-            try:
-                await response.wait_head()
-            except BaseException:
-                response.abort()
-                raise
+            if stale_ok and not response.received_any:
+                return None
+            raise
         except BaseException:
             response.abort()
             raise

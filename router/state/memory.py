@@ -24,6 +24,7 @@ from router.state.records import (
     ReplicaCounters,
 )
 from router.state.snapshot import SnapshotBuilder
+from router.tasks import stop_task
 
 __all__ = ["MemoryBackend", "MemorySettings", "MemoryStore"]
 
@@ -115,11 +116,8 @@ class MemoryBackend(StateBackend):
         self._task = asyncio.create_task(self._flush_loop(), name=f"state-flush-{self.instance_id}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
         await self.flush()
         if self in self.store.members:
             self.store.members.remove(self)
