@@ -199,6 +199,7 @@ async def _client_sessions(app: web.Application) -> AsyncIterator[None]:
         limit=cfg.max_connections,
         limit_per_origin=cfg.max_connections_per_replica,
     )
+    scrape_pool = UpstreamPool(connect_timeout_s=cfg.scrape_timeout_s, limit_per_origin=2)
     control_session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=64, ttl_dns_cache=300),
         timeout=aiohttp.ClientTimeout(total=max(cfg.health_timeout_s, cfg.scrape_timeout_s)),
@@ -233,7 +234,7 @@ async def _client_sessions(app: web.Application) -> AsyncIterator[None]:
     if cfg.scrape_interval_s > 0:
         state.scraper = MetricsScraper(
             state.fleet,
-            control_session,
+            scrape_pool,
             timeout_s=cfg.scrape_timeout_s,
         )
     try:
@@ -241,6 +242,7 @@ async def _client_sessions(app: web.Application) -> AsyncIterator[None]:
     finally:
         await deadlines.stop()
         await pool.close()
+        await scrape_pool.close()
         await control_session.close()
         state.proxy = state.health = state.scraper = None
 

@@ -1,15 +1,16 @@
 """Parse what the router needs from a vLLM replica's Prometheus /metrics text.
 
-Only the handful of families the router reads are kept before parsing (a vLLM exposition is
-mostly histogram buckets), then prometheus_client's own text parser does the parsing.
+A vLLM exposition is mostly histogram buckets the router never reads, and it is scraped twice a
+second: only the sample lines of the handful of wanted families are read, each with one regular
+expression.  prometheus_client's general text parser took several times as long (a test checks
+the two agree on expositions written by prometheus_client itself).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
-
-from prometheus_client.parser import text_string_to_metric_families
 
 __all__ = ["ScrapedStats", "parse_vllm_metrics"]
 
@@ -35,11 +36,9 @@ class ScrapedStats:
     prefix_query_tokens: float = 0.0
 
 
-def _keep(line: str) -> bool:
-    if line.startswith("#"):
-        parts = line.split(" ", 3)
-        return len(parts) >= 3 and parts[2].startswith(_WANTED)
-    return line.startswith(_WANTED)
+# A sample line of the text exposition: `name{labels} value [timestamp]`.
+_SAMPLE = re.compile(r"([^\s{]+)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 def _int_label(value: str | None) -> int | None:
@@ -50,39 +49,44 @@ def _int_label(value: str | None) -> int | None:
 
 
 def parse_vllm_metrics(text: str) -> ScrapedStats:
-    """The router's view of one /metrics exposition; missing families read as zero/unknown."""
-    kept = "\n".join(line for line in text.splitlines() if _keep(line)) + "\n"
+    """The router's view of one /metrics exposition; missing families read as zero/unknown.
+
+    Raises ValueError on a sample line of a wanted family that cannot be read.
+    """
     running = waiting = 0.0
     kv_usage: dict[str, float] = {}
     hits: dict[str, float] = {}
     queries: dict[str, float] = {}
     num_gpu_blocks: int | None = None
     block_size: int | None = None
-    for family in text_string_to_metric_families(kept):
-        for sample in family.samples:
-            value = sample.value
-            if math.isnan(value):
-                continue
-            name = sample.name
-            if name == _RUNNING:
-                running += value
-            elif name == _WAITING:
-                waiting += value
-            elif name in _KV_USAGE:
-                kv_usage[name] = max(kv_usage.get(name, 0.0), value)
-            elif name.removesuffix("_total") in _HITS and not name.endswith("_created"):
-                base = name.removesuffix("_total")
-                hits[base] = hits.get(base, 0.0) + value
-            elif name.removesuffix("_total") in _QUERIES and not name.endswith("_created"):
-                base = name.removesuffix("_total")
-                queries[base] = queries.get(base, 0.0) + value
-            elif name == _CACHE_INFO:
-                blocks = _int_label(sample.labels.get("num_gpu_blocks"))
-                size = _int_label(sample.labels.get("block_size"))
-                if blocks is not None:
-                    num_gpu_blocks = (num_gpu_blocks or 0) + blocks
-                if size is not None:
-                    block_size = size
+    for line in text.split("\n"):  # not splitlines(): a label value may hold a bare \r
+        if not line.startswith(_WANTED):  # comments, and the families the router ignores
+            continue
+        sample = _SAMPLE.match(line)
+        if sample is None:
+            raise ValueError(f"unreadable sample line: {line[:120]!r}")
+        name, labels, raw_value = sample.groups()
+        value = float(raw_value)  # NaN, +Inf and -Inf included; ValueError otherwise
+        if math.isnan(value) or name.endswith("_created"):
+            continue
+        if name == _RUNNING:
+            running += value
+        elif name == _WAITING:
+            waiting += value
+        elif name in _KV_USAGE:
+            kv_usage[name] = max(kv_usage.get(name, 0.0), value)
+        elif (base := name.removesuffix("_total")) in _HITS:
+            hits[base] = hits.get(base, 0.0) + value
+        elif base in _QUERIES:
+            queries[base] = queries.get(base, 0.0) + value
+        elif name == _CACHE_INFO:
+            found = dict(_LABEL.findall(labels or ""))
+            blocks = _int_label(found.get("num_gpu_blocks"))
+            size = _int_label(found.get("block_size"))
+            if blocks is not None:
+                num_gpu_blocks = (num_gpu_blocks or 0) + blocks
+            if size is not None:
+                block_size = size
 
     def first(values: dict[str, float], names: tuple[str, ...]) -> float:
         # Prefer the current name; fall back to the retired one on older vLLM.

@@ -38,7 +38,7 @@ class Dispatch:
         # A HEAD goes on as a GET (our client reads every answer's body); the edge then sends
         # only the head.
         method = b"GET" if request.method == "HEAD" else request.method.encode("ascii")
-        head = b"%s %s HTTP/1.1\r\nHost: localhost\r\n%sContent-Length: %d\r\n\r\n" % (
+        head = self._control.request_head(
             method,
             request.target.encode("utf-8", "surrogateescape"),
             relayed_request_headers(request.raw_headers),

@@ -1,16 +1,7 @@
-"""Forwarding to replicas: streaming passthrough, retries before the first byte, timeouts."""
+"""Forwarding to replicas: the upstream HTTP/1.1 pool (`upstream`), streaming passthrough with
+retries before the first byte (`forward`), attempt deadlines (`deadlines`), headers, retry and
+timeout settings.
 
-from router.proxy.forward import Outcome, Proxy, new_request_id
-from router.proxy.headers import REPLICA_HEADER, REQUEST_ID_HEADER
-from router.proxy.retry import ExponentialBackoff, RetryPolicy, Timeouts
-
-__all__ = [
-    "REPLICA_HEADER",
-    "REQUEST_ID_HEADER",
-    "ExponentialBackoff",
-    "Outcome",
-    "Proxy",
-    "RetryPolicy",
-    "Timeouts",
-    "new_request_id",
-]
+Nothing is imported here: the fleet's scraper uses `router.proxy.upstream`, and `forward` uses
+the routing core, which uses the fleet; an eager package would be a cycle.
+"""

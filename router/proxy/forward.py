@@ -115,14 +115,7 @@ class _RequestHead:
         self.content_length = content_length
 
     def for_origin(self, origin: Origin) -> bytes:
-        return b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n" % (
-            self.method,
-            origin.path_prefix,
-            self.target,
-            origin.host_header,
-            self.headers,
-            self.content_length,
-        )
+        return origin.request_head(self.method, self.target, self.headers, self.content_length)
 
 
 class Proxy:

@@ -84,6 +84,19 @@ class Origin:
     host_header: bytes
     unix_path: str | None = None  # a Unix socket instead of host:port
 
+    def request_head(
+        self, method: bytes, target: bytes, header_lines: bytes = b"", content_length: int = 0
+    ) -> bytes:
+        """A request's head for this origin: its path prefix, Host, the given header lines."""
+        return b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n" % (
+            method,
+            self.path_prefix,
+            target,
+            self.host_header,
+            header_lines,
+            content_length,
+        )
+
     @classmethod
     def unix(cls, path: str) -> Origin:
         """A server on a Unix socket (the gateway's own control application)."""
