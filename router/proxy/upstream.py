@@ -209,6 +209,7 @@ class UpstreamResponse:
             conn.finish(reusable=False)
 
     async def wait_head(self) -> None:
+        """Until the head is in, with the first body bytes or the end (see `on_head`)."""
         while not self._head_done:
             if self._error is not None:
                 raise self._error
@@ -233,11 +234,12 @@ class UpstreamResponse:
 
     def on_head(self, status: int, keep_alive: bool) -> None:
         # Nothing read from the headers here: a whole answer (the usual case) needs none of
-        # it; the properties below look when asked.
+        # it; the properties below look when asked.  No wake-up either: the reader has nothing
+        # to do with a head alone (the proxy sends nothing before the first body byte), so it
+        # wakes once, with the first body bytes or the end, not twice.
         self.status = status
         self.keep_alive = keep_alive
         self._head_done = True
-        self._wake()
 
     @property
     def content_length(self) -> int | None:
@@ -444,7 +446,8 @@ class UpstreamPool:
         return 0 if conns is None else sum(not c.closed for c in conns.idle)
 
     async def send(self, origin: Origin, head: bytes, body: bytes) -> UpstreamResponse:
-        """Send one request (its head, then `body`) and return once the response head is in.
+        """Send one request (its head, then `body`) and return once the response head and the
+        first body bytes (or the end of the response) are in.
 
         Raises a `TransportError`; the caller must `release` or `abort` the response.
         """
