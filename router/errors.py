@@ -6,13 +6,16 @@ OpenAI-style error bodies, also used for the SSE error event of a broken stream)
 
     RouterError                      500  internal_error
     ├── ConfigError                  (startup only: bad flags, env or YAML; never an HTTP answer)
-    ├── BadRequest                   400  invalid_request_error
-    │   └── PayloadTooLarge          413
+    ├── BadRequest                   400  invalid_request_error (also: malformed HTTP)
+    │   ├── PayloadTooLarge          413
+    │   └── HeadTooLarge             431  (request line and headers over the edge's limit)
     ├── Unauthorized                 401  authentication_error
     ├── NotFound                     404  not_found_error
     │   └── UnknownModel             404  (code model_not_found)
+    ├── MethodNotAllowed             405  invalid_request_error (with Allow)
     ├── Conflict                     409  conflict (e.g. a replica registered twice)
-    ├── NoHealthyReplica             503  service_unavailable (with Retry-After)
+    ├── Unavailable                  503  service_unavailable
+    │   └── NoHealthyReplica         503  (with Retry-After)
     └── UpstreamError                502  upstream_error (a replica failed after all retries)
         └── UpstreamTimeout          504  (connect, first byte, idle or total timeout)
 """
@@ -25,11 +28,14 @@ __all__ = [
     "BadRequest",
     "ConfigError",
     "Conflict",
+    "HeadTooLarge",
+    "MethodNotAllowed",
     "NoHealthyReplica",
     "NotFound",
     "PayloadTooLarge",
     "RouterError",
     "Unauthorized",
+    "Unavailable",
     "UnknownModel",
     "UpstreamError",
     "UpstreamTimeout",
@@ -56,6 +62,10 @@ class RouterError(Exception):
         self.message = message
         self.param = param
 
+    def body(self) -> bytes:
+        """This error's OpenAI-style answer body."""
+        return error_body(self.message, self.error_type, self.param, self.code or self.status)
+
 
 class ConfigError(RouterError):
     """Invalid settings (flags, environment or YAML); raised before anything starts."""
@@ -73,6 +83,12 @@ class PayloadTooLarge(BadRequest):
 
     status = 413
     code = "payload_too_large"
+
+
+class HeadTooLarge(BadRequest):
+    """The request line and headers exceed the edge server's limit."""
+
+    status = 431
 
 
 class Unauthorized(RouterError):
@@ -102,6 +118,17 @@ class UnknownModel(NotFound):
         self.model = model
 
 
+class MethodNotAllowed(RouterError):
+    """The route exists, not with this method; `allow` lists the ones it takes."""
+
+    status = 405
+    error_type = "invalid_request_error"
+
+    def __init__(self, message: str, *, allow: str) -> None:
+        super().__init__(message)
+        self.allow = allow
+
+
 class Conflict(RouterError):
     """The resource already exists (e.g. a replica with that id or URL)."""
 
@@ -109,11 +136,16 @@ class Conflict(RouterError):
     error_type = "conflict"
 
 
-class NoHealthyReplica(RouterError):
-    """The model is known but no replica serving it is up right now (answered with Retry-After)."""
+class Unavailable(RouterError):
+    """The gateway cannot serve this now (e.g. it is shutting down)."""
 
     status = 503
     error_type = "service_unavailable"
+
+
+class NoHealthyReplica(Unavailable):
+    """The model is known but no replica serving it is up right now (answered with Retry-After)."""
+
     code = "no_healthy_replica"
 
     def __init__(self, message: str, *, retry_after_s: int = 1) -> None:

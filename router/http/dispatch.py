@@ -4,16 +4,15 @@ its private Unix socket, and its answer streamed back unchanged but for framing 
 
 from __future__ import annotations
 
-from router.errors import error_body
+from router.errors import MethodNotAllowed, Unavailable
 from router.http.appstate import GatewayState
 from router.http.edge import EdgeRequest, EdgeResponse
+from router.http.errors import send_error
 from router.http.openai import OPENAI_ENDPOINTS, serve_openai
 from router.proxy.headers import relayed_request_headers, relayed_response_headers
 from router.proxy.upstream import Origin, TransportError, UpstreamPool
 
 __all__ = ["Dispatch"]
-
-_ALLOW = {"Allow": "POST", "Content-Type": "application/json"}
 
 
 class Dispatch:
@@ -32,7 +31,7 @@ class Dispatch:
             await serve_openai(self._state, endpoint, request, response)
         else:
             message = f"{request.method} is not allowed on {request.path}; use POST"
-            response.send(405, error_body(message, "invalid_request_error", None, 405), _ALLOW)
+            send_error(response, MethodNotAllowed(message, allow="POST"))
 
     async def _relay(self, request: EdgeRequest, response: EdgeResponse) -> None:
         # A HEAD goes on as a GET (our client reads every answer's body); the edge then sends
@@ -48,8 +47,7 @@ class Dispatch:
             upstream = await self._pool.send(self._control, head, request.body)
         except TransportError as exc:  # only while the gateway shuts down
             message = f"the gateway's control application is unavailable: {exc}"
-            body = error_body(message, "service_unavailable", None, 503)
-            response.send(503, body, {"Content-Type": "application/json"})
+            send_error(response, Unavailable(message))
             return
         try:
             first = await upstream.read_chunk()

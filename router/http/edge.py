@@ -33,10 +33,10 @@ from email.utils import formatdate
 from typing import Final, cast
 
 import httptools
-from multidict import CIMultiDict, CIMultiDictProxy
 
-from router.errors import error_body
-from router.proxy.headers import RawHeaders, header_lines, header_value
+from router.errors import BadRequest, HeadTooLarge, PayloadTooLarge, RouterError
+from router.http.errors import send_error
+from router.proxy.headers import RawHeaders, header_lines
 from router.tasks import stop_task
 
 __all__ = ["ClientGone", "EdgeRequest", "EdgeResponse", "EdgeServer", "Handler"]
@@ -57,8 +57,8 @@ class ClientGone(ConnectionResetError):
 class EdgeRequest:
     """One parsed request: method, target, headers, the whole body, the peer's address."""
 
-    __slots__ = ("_headers", "body", "http_version", "keep_alive", "method", "path",
-                 "raw_headers", "remote", "target")  # fmt: skip
+    __slots__ = ("body", "http_version", "keep_alive", "method", "path", "raw_headers",
+                 "remote", "target")  # fmt: skip
 
     def __init__(
         self,
@@ -78,23 +78,6 @@ class EdgeRequest:
         self.remote = remote
         self.keep_alive = keep_alive
         self.http_version = http_version
-        self._headers: CIMultiDictProxy[str] | None = None
-
-    def header(self, name: bytes) -> str | None:
-        """The first value of header `name` (lower case)."""
-        return header_value(self.raw_headers, name)
-
-    @property
-    def headers(self) -> CIMultiDictProxy[str]:
-        """All headers, decoded, case-insensitive (built on first use)."""
-        if self._headers is None:
-            self._headers = CIMultiDictProxy(
-                CIMultiDict(
-                    (k.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape"))
-                    for k, v in self.raw_headers
-                )
-            )
-        return self._headers
 
 
 class _DateHeader:
@@ -137,8 +120,8 @@ class EdgeResponse:
     (chunked unless a content length is given).  Writes raise `ClientGone` once the client
     has gone."""
 
-    __slots__ = ("_chunked", "_conn", "_head_only", "_http10", "_keep_alive", "finished",
-                 "started", "status")  # fmt: skip
+    __slots__ = ("_chunked", "_conn", "_head_only", "_http10", "_keep_alive", "started",
+                 "status")  # fmt: skip
 
     def __init__(
         self,
@@ -154,7 +137,6 @@ class EdgeResponse:
         self._http10 = http10  # an HTTP/1.0 client cannot read chunked framing
         self._chunked = False
         self.started = False
-        self.finished = False
         self.status = 0
 
     def send(
@@ -167,7 +149,6 @@ class EdgeResponse:
         """Answer with `body` whole: head and body in one write."""
         head = self._head(status, reason, headers, len(body))
         self._conn.write(head if self._head_only else head + body)
-        self.finished = True
 
     async def start(
         self,
@@ -202,7 +183,6 @@ class EdgeResponse:
         """The end of a streamed answer."""
         if self._chunked and not self._head_only:
             self._conn.write(b"0\r\n\r\n")
-        self.finished = True
         await self._conn.drain()
 
     def abort(self) -> None:
@@ -249,15 +229,6 @@ class EdgeResponse:
 Handler = Callable[[EdgeRequest, EdgeResponse], Awaitable[None]]
 
 
-class _Reject(Exception):
-    """A request answered with an error before its handler runs (then the connection closes)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
 class _EdgeConnection(asyncio.Protocol):
     """One client connection: parse, queue, answer in order."""
 
@@ -267,7 +238,7 @@ class _EdgeConnection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
         self._remote: str | None = None
-        self._queue: deque[EdgeRequest | _Reject] = deque()
+        self._queue: deque[EdgeRequest | RouterError] = deque()
         self._task: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Future[None] | None = None  # the task waits here for a request
         self.busy = False  # answering a request
@@ -309,16 +280,16 @@ class _EdgeConnection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._reject(_Reject(400, "protocol upgrades are not supported"))
+            self._reject(BadRequest("protocol upgrades are not supported"))
         except httptools.HttpParserError as exc:
             # A callback's own exception comes back wrapped, as the error's context.
             cause = exc.__context__
-            if isinstance(cause, _Reject):
+            if isinstance(cause, RouterError):
                 self._reject(cause)
             else:
                 if cause is not None:
                     log.error("request parsing failed", exc_info=cause)
-                self._reject(_Reject(400, f"malformed HTTP request: {exc}"))
+                self._reject(BadRequest(f"malformed HTTP request: {exc}"))
 
     def eof_received(self) -> bool:
         # A client's FIN is almost always a disconnect, not a half-close awaiting answers (HTTP
@@ -358,12 +329,12 @@ class _EdgeConnection(asyncio.Protocol):
         self._url += url
         self._head_bytes += len(url)
         if self._head_bytes > MAX_HEAD_BYTES:
-            raise _Reject(431, "the request line is too long")
+            raise HeadTooLarge("the request line is too long")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._head_bytes += len(name) + len(value)
         if self._head_bytes > MAX_HEAD_BYTES:
-            raise _Reject(431, f"the request head exceeds {MAX_HEAD_BYTES} bytes")
+            raise HeadTooLarge(f"the request head exceeds {MAX_HEAD_BYTES} bytes")
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -371,7 +342,9 @@ class _EdgeConnection(asyncio.Protocol):
         for name, value in self._headers:
             lower = name.lower()
             if lower == b"content-length" and value.strip().isdigit() and int(value) > limit:
-                raise _Reject(413, f"the request body has {int(value)} bytes; the limit is {limit}")
+                raise PayloadTooLarge(
+                    f"the request body has {int(value)} bytes; the limit is {limit}"
+                )
             if lower == b"expect" and value.strip().lower() == b"100-continue":
                 assert self._transport is not None
                 self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -379,8 +352,8 @@ class _EdgeConnection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self._body_size += len(body)
         if self._body_size > self._server.max_body_bytes:
-            raise _Reject(
-                413, f"the request body exceeds the limit of {self._server.max_body_bytes} bytes"
+            raise PayloadTooLarge(
+                f"the request body exceeds the limit of {self._server.max_body_bytes} bytes"
             )
         self._body.append(body)
 
@@ -400,13 +373,13 @@ class _EdgeConnection(asyncio.Protocol):
 
     # --- answering -------------------------------------------------------------------------
 
-    def _reject(self, rejection: _Reject) -> None:
+    def _reject(self, rejection: RouterError) -> None:
         self._rejected = True
         if self._transport is not None:
             self._transport.pause_reading()
         self._enqueue(rejection)
 
-    def _enqueue(self, item: EdgeRequest | _Reject) -> None:
+    def _enqueue(self, item: EdgeRequest | RouterError) -> None:
         self._queue.append(item)
         wakeup = self._wakeup
         if wakeup is not None and not wakeup.done():
@@ -433,13 +406,8 @@ class _EdgeConnection(asyncio.Protocol):
                     self._paused_reading = False
                     if self._transport is not None and not self._rejected:
                         self._transport.resume_reading()
-                if isinstance(item, _Reject):
-                    response = EdgeResponse(self, keep_alive=False)
-                    response.send(
-                        item.status,
-                        error_body(item.message, "invalid_request_error", None, item.status),
-                        {"Content-Type": "application/json"},
-                    )
+                if isinstance(item, RouterError):  # refused while parsing: answer, then close
+                    send_error(EdgeResponse(self, keep_alive=False), item)
                     break
                 keep_alive = item.keep_alive and not self.closing and not self._server.draining
                 response = EdgeResponse(
@@ -554,11 +522,7 @@ class EdgeServer:
         the connection (a half-sent answer must not look complete)."""
         log.exception("unhandled error on %s %s", request.method, request.path)
         if not response.started:
-            response.send(
-                500,
-                error_body("internal router error", "internal_error", None, 500),
-                {"Content-Type": "application/json"},
-            )
+            send_error(response, RouterError("internal router error"))
         else:
             response.abort()
 

@@ -6,43 +6,43 @@ Every error body has the shape `{"error": {"message", "type", "param", "code"}}`
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from router.errors import NoHealthyReplica, RouterError, error_body
-from router.http.edge import EdgeResponse
+from router.errors import MethodNotAllowed, NoHealthyReplica, RouterError, error_body
 from router.proxy.headers import REQUEST_ID_HEADER
 
-__all__ = ["error_headers", "error_middleware", "error_payload", "error_response", "send_error"]
+if TYPE_CHECKING:  # the edge server answers its own errors through send_error
+    from router.http.edge import EdgeResponse
+
+__all__ = ["error_headers", "error_middleware", "error_response", "send_error"]
 
 log = logging.getLogger(__name__)
 
 
 def error_headers(exc: RouterError, request_id: str | None = None) -> dict[str, str]:
-    """The headers of any `RouterError`'s answer (Retry-After on 503, the request id)."""
+    """The headers of any `RouterError`'s answer (Retry-After on 503, Allow on 405, the
+    request id)."""
     headers = {"Content-Type": "application/json"}
     if isinstance(exc, NoHealthyReplica):
         headers["Retry-After"] = str(exc.retry_after_s)
+    elif isinstance(exc, MethodNotAllowed):
+        headers["Allow"] = exc.allow
     if request_id is not None:
         headers[REQUEST_ID_HEADER] = request_id
     return headers
 
 
-def error_payload(exc: RouterError) -> bytes:
-    return error_body(exc.message, exc.error_type, exc.param, exc.code or exc.status)
-
-
 def error_response(exc: RouterError, request_id: str | None = None) -> web.Response:
     """The control application's answer for any `RouterError`."""
-    return web.Response(
-        status=exc.status, body=error_payload(exc), headers=error_headers(exc, request_id)
-    )
+    return web.Response(status=exc.status, body=exc.body(), headers=error_headers(exc, request_id))
 
 
 def send_error(response: EdgeResponse, exc: RouterError, request_id: str | None = None) -> None:
     """The data plane's answer for any `RouterError` (same status, body and headers)."""
-    response.send(exc.status, error_payload(exc), error_headers(exc, request_id))
+    response.send(exc.status, exc.body(), error_headers(exc, request_id))
 
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}

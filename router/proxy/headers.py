@@ -18,7 +18,6 @@ __all__ = [
     "RawHeaders",
     "downstream_headers",
     "header_lines",
-    "header_value",
     "read_client_headers",
     "relayed_request_headers",
     "relayed_response_headers",
@@ -53,14 +52,6 @@ _RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"date", b"server", b"x-reques
 # The gateway's own control application: its request id is the client's, kept both ways.
 _RELAY_REQUEST_DROP = _REQUEST_DROP - {b"x-request-id"}
 _RELAY_RESPONSE_DROP = _RESPONSE_DROP - {b"x-request-id"}
-
-
-def header_value(headers: RawHeaders, name: bytes) -> str | None:
-    """The first value of header `name` (lower case), decoded; None when absent."""
-    for key, value in headers:
-        if key.lower() == name:
-            return value.decode("utf-8", "surrogateescape")
-    return None
 
 
 def header_lines(headers: Iterable[tuple[str, str]]) -> bytes:

@@ -564,6 +564,7 @@ async def test_body_over_the_limit_gets_413(
         resp = await conn.response()
         error = assert_openai_error(resp, 413)
         assert "1024" in error["message"]
+        assert error["code"] == "payload_too_large"  # router.errors.PayloadTooLarge's answer
         assert_length_framed(resp)
         await _in_sync_after(conn, resp)
     async with connect(gw.url) as conn:
