@@ -36,16 +36,13 @@ class MetricsScraper:
         self._pool = pool
         self._timeout_s = timeout_s
         self._max_bytes = max_bytes  # a larger exposition is cut, and then fails to parse
-        self._origins: dict[str, Origin] = {}
 
     async def scrape_all(self) -> None:
         await asyncio.gather(*(self.scrape(r) for r in self._fleet if r.healthy))
 
     async def scrape(self, replica: Replica) -> None:
         """Scrape one replica (never raises: a failed scrape keeps the last values)."""
-        origin = self._origins.get(replica.url)
-        if origin is None:
-            origin = self._origins[replica.url] = Origin.of(replica.url)
+        origin = Origin.of(replica.url)
         try:
             async with asyncio.timeout(self._timeout_s):
                 response = await self._pool.send(

@@ -138,7 +138,6 @@ class Proxy:
         self._retry = retry
         self._metrics = metrics
         self._ttft: dict[str, Any] = {}
-        self._origins: dict[str, Origin] = {}  # by replica base URL (parsed once)
         self._loop = asyncio.get_running_loop()
 
     async def forward(
@@ -219,7 +218,7 @@ class Proxy:
         last_chunk = b""
         with self._core.start(replica, ctx) as lease:
             try:
-                origin = self._origin(replica.url)
+                origin = Origin.of(replica.url)
                 upstream = await self._pool.send(origin, head.for_origin(origin), body)
                 status = upstream.status
                 if self._retry.retryable_status(status):
@@ -334,14 +333,6 @@ class Proxy:
         # A plain body cannot carry an error: drop the connection so the client sees a
         # truncated response rather than a short one that looks complete.
         response.abort()
-
-    def _origin(self, url: str) -> Origin:
-        origin = self._origins.get(url)
-        if origin is None:
-            if len(self._origins) > 4096:  # replicas come and go (DNS discovery): stay bounded
-                self._origins.clear()
-            origin = self._origins[url] = Origin.of(url)
-        return origin
 
     def _observe_ttft(self, model: str, seconds: float) -> None:
         child = self._ttft.get(model)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import socket
 import ssl
 from dataclasses import dataclass
@@ -105,21 +106,27 @@ class Origin:
 
     @classmethod
     def of(cls, url: str) -> Origin:
-        """The origin of a replica base URL such as `http://10.0.0.7:8000`."""
-        parts = urlsplit(url)
-        tls = parts.scheme == "https"
-        host = parts.hostname or ""
-        port = parts.port or (443 if tls else 80)
-        netloc = f"[{host}]" if ":" in host else host
-        default_port = port == (443 if tls else 80)
-        host_header = netloc if default_port else f"{netloc}:{port}"
-        return cls(
-            host=host,
-            port=port,
-            tls=tls,
-            path_prefix=parts.path.rstrip("/").encode(),
-            host_header=host_header.encode("idna"),
-        )
+        """The origin of a replica base URL such as `http://10.0.0.7:8000` (parsed once per
+        URL: callers ask on every request)."""
+        return _origin_of(url)
+
+
+@functools.lru_cache(maxsize=4096)  # replicas come and go (DNS discovery): stay bounded
+def _origin_of(url: str) -> Origin:
+    parts = urlsplit(url)
+    tls = parts.scheme == "https"
+    host = parts.hostname or ""
+    port = parts.port or (443 if tls else 80)
+    netloc = f"[{host}]" if ":" in host else host
+    default_port = port == (443 if tls else 80)
+    host_header = netloc if default_port else f"{netloc}:{port}"
+    return Origin(
+        host=host,
+        port=port,
+        tls=tls,
+        path_prefix=parts.path.rstrip("/").encode(),
+        host_header=host_header.encode("idna"),
+    )
 
 
 class UpstreamResponse:
