@@ -22,6 +22,8 @@ OpenAI-style error bodies, also used for the SSE error event of a broken stream)
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import orjson
 
 __all__ = [
@@ -53,9 +55,10 @@ def error_body(message: str, error_type: str, param: str | None, code: str | int
 class RouterError(Exception):
     """Base of every error the router raises on purpose."""
 
-    status: int = 500
-    error_type: str = "internal_error"
-    code: str | None = None
+    # Class-level constants (ClassVar: one value per class, never per instance).
+    status: ClassVar[int] = 500
+    error_type: ClassVar[str] = "internal_error"
+    code: ClassVar[str | None] = None
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)

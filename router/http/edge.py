@@ -28,9 +28,9 @@ import logging
 import socket
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from email.utils import formatdate
-from typing import Final, cast
+from typing import Any, Final, cast
 
 import httptools
 
@@ -50,8 +50,9 @@ _MAX_QUEUED: Final = 16
 _SWEEP_INTERVAL_S: Final = 1.0
 
 
-class ClientGone(ConnectionResetError):
-    """Writing to the client failed: it closed the connection."""
+class ClientGone(Exception):
+    """Writing to the client failed: it closed the connection.  (Not a ConnectionResetError:
+    mypyc cannot compile a subclass of that builtin, and nothing catches it as one.)"""
 
 
 class EdgeRequest:
@@ -489,7 +490,9 @@ class EdgeServer:
             reuse_port=reuse_port or None,
         )
         self._sweeper = self.loop.create_task(self._sweep_idle())
-        return int(self._server.sockets[0].getsockname()[1])
+        # uvloop's `sockets` is a list, not the tuple typeshed declares (mypyc checks it).
+        sockets: Sequence[socket.socket] = cast(Any, self._server).sockets
+        return int(sockets[0].getsockname()[1])
 
     def note_idle(self) -> None:
         """A connection finished its requests: the drain may be over."""

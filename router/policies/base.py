@@ -10,7 +10,7 @@ fleet simulator in virtual time.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import ClassVar, NamedTuple, Protocol
 
 __all__ = ["Decision", "Policy", "ReplicaView", "RoutingRequest"]
 
@@ -70,6 +70,6 @@ class Decision(NamedTuple):
 class Policy(Protocol):
     """A routing policy.  `choose` must not mutate its arguments; `candidates` is never empty."""
 
-    name: str
+    name: ClassVar[str]  # the registry key; also a metric label
 
     def choose(self, request: RoutingRequest, candidates: Sequence[ReplicaView]) -> Decision: ...

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from router.errors import ConfigError
 from router.policies.base import Decision, ReplicaView, RoutingRequest
@@ -47,8 +48,12 @@ def match_rate(request: RoutingRequest, matched_blocks: int) -> float:
 class CacheAware:
     """SGLang's cache-aware routing with its default thresholds."""
 
-    name = "cache_aware"
-    OPTIONS = ("cache_threshold", "balance_abs_threshold", "balance_rel_threshold")
+    name: ClassVar[str] = "cache_aware"
+    OPTIONS: ClassVar[tuple[str, ...]] = (
+        "cache_threshold",
+        "balance_abs_threshold",
+        "balance_rel_threshold",
+    )
 
     def __init__(self, settings: CacheAwareSettings | None = None) -> None:
         self.settings = settings or CacheAwareSettings()

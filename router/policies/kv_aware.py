@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import xxhash
 
@@ -156,8 +157,8 @@ def decision_reason(chosen: ReplicaView, candidates: Sequence[ReplicaView]) -> s
 class KvAware:
     """Lowest predicted TTFT, with locality among near-ties (see the module docstring)."""
 
-    name = "kv_aware"
-    OPTIONS = (
+    name: ClassVar[str] = "kv_aware"
+    OPTIONS: ClassVar[tuple[str, ...]] = (
         "prefill_s_per_token",
         "decode_tokens_per_request",
         "waiting_request_tokens",

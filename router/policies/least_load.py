@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 from router.policies.base import Decision, ReplicaView, RoutingRequest
 from router.policies.settings import PolicySettings
@@ -30,7 +31,7 @@ def least_loaded(candidates: Sequence[ReplicaView], turn: int = 0) -> ReplicaVie
 class LeastLoad:
     """Send each request to the least-loaded candidate (in-flight + waiting)."""
 
-    name = "least_load"
+    name: ClassVar[str] = "least_load"
 
     def __init__(self) -> None:
         self._turn = 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import ClassVar
 
 from router.policies.base import Decision, ReplicaView, RoutingRequest
 from router.policies.least_load import load_of
@@ -15,7 +16,7 @@ __all__ = ["PowerOfTwo"]
 class PowerOfTwo:
     """Almost as balanced as least-load with far less herding when load data is stale."""
 
-    name = "power_of_two"
+    name: ClassVar[str] = "power_of_two"
 
     def __init__(self, seed: int | None = None) -> None:
         self._rng = random.Random(seed)

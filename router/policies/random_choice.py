@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import ClassVar
 
 from router.policies.base import Decision, ReplicaView, RoutingRequest
 from router.policies.settings import PolicySettings
@@ -14,7 +15,7 @@ __all__ = ["RandomChoice"]
 class RandomChoice:
     """Pick a candidate uniformly at random from a private, seedable generator."""
 
-    name = "random"
+    name: ClassVar[str] = "random"
 
     def __init__(self, seed: int | None = None) -> None:
         self._rng = random.Random(seed)

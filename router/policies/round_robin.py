@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 from router.policies.base import Decision, ReplicaView, RoutingRequest
 from router.policies.settings import PolicySettings
@@ -13,7 +14,7 @@ __all__ = ["RoundRobin"]
 class RoundRobin:
     """Rotate over the candidates.  Deterministic: the n-th call picks candidate n mod len."""
 
-    name = "round_robin"
+    name: ClassVar[str] = "round_robin"
 
     def __init__(self) -> None:
         self._turn = 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from typing import ClassVar
 
 import xxhash
 
@@ -50,7 +51,7 @@ class HashRing:
 class SessionAffinity:
     """Route a session to its ring owner; fall back to least load without a key or owner down."""
 
-    name = "session"
+    name: ClassVar[str] = "session"
 
     def __init__(self, vnodes: int = 160) -> None:
         self._vnodes = vnodes

@@ -30,7 +30,7 @@ import functools
 import socket
 import ssl
 from dataclasses import dataclass
-from typing import Final, cast
+from typing import ClassVar, Final, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -55,7 +55,7 @@ class TransportError(Exception):
     """A request to a replica failed below HTTP (the proxy's retry loop catches these; they
     never reach a client as such).  `kind` is the proxy's metric label for it."""
 
-    kind = "disconnect"
+    kind: ClassVar[str] = "disconnect"
 
 
 class ConnectFailed(TransportError):
