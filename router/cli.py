@@ -22,6 +22,7 @@ from router import __version__
 from router.app import running_gateway
 from router.config import RouterConfig, add_config_arguments, config_from_args
 from router.errors import ConfigError
+from router.hotpath import hot_path_build
 from router.policies import DEFAULT_POLICY, POLICIES, PolicySettings, make_policy
 
 __all__ = ["main"]
@@ -123,12 +124,13 @@ async def _serve_until_signalled(config: RouterConfig, reuse_port: bool) -> None
         loop.add_signal_handler(signum, stop.set)
     async with running_gateway(config, config.host, config.port, reuse_port=reuse_port):
         log.info(
-            "fleet-router %s listening on http://%s:%d (policy %s, pid %d)",
+            "fleet-router %s listening on http://%s:%d (policy %s, pid %d, hot path %s)",
             __version__,
             config.host,
             config.port,
             config.policy,
             os.getpid(),
+            hot_path_build(),
         )
         # Everything allocated so far lives as long as the process: keep it out of the
         # collector's way (fewer, cheaper collections on the request path).

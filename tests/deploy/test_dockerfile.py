@@ -22,6 +22,8 @@ from dockerfile_parse import DockerfileParser
 from tests.deploy.manifests import DOCKERFILE, REPO
 
 ENTRYPOINTS = ("fleet-router", "fleet-replica")
+# Build artefacts beside the sources (bytecode; extension modules of an in-place compiled copy).
+_BUILT = (".pyc", ".so")
 
 
 def _instructions() -> list[dict[str, str]]:
@@ -85,6 +87,23 @@ def test_installs_the_package_with_the_kv_events_extra() -> None:
     assert "kv-events" in _pyproject()["project"]["optional-dependencies"]
 
 
+def test_the_image_compiles_the_hot_path_in_the_build_stage_only() -> None:
+    instructions = _instructions()
+    runtime_from = max(i for i, ins in enumerate(instructions) if ins["instruction"] == "FROM")
+    build_runs = " ".join(
+        ins["value"] for ins in instructions[:runtime_from] if ins["instruction"] == "RUN"
+    )
+    runtime_runs = " ".join(
+        ins["value"] for ins in instructions[runtime_from:] if ins["instruction"] == "RUN"
+    )
+    assert 'FLEET_ROUTER_COMPILE=1 pip install ".[kv-events]"' in build_runs
+    assert "gcc" in build_runs  # mypyc's output is C
+    assert "gcc" not in runtime_runs  # the runtime stage copies the built venv only
+    # The build's own files go into the context, or pip builds without them.
+    copied = " ".join(ins["value"] for ins in instructions if ins["instruction"] == "COPY")
+    assert "setup.py" in copied and "build_backend.py" in copied
+
+
 def test_copied_paths_exist_and_are_not_docker_ignored() -> None:
     ignore = [
         line.strip()
@@ -141,7 +160,7 @@ def test_wheel_built_from_the_copied_files_has_every_package_file_and_entrypoint
     missing = []
     for root in roots:
         for path in (REPO / root).rglob("*"):
-            if not path.is_file() or "__pycache__" in path.parts or path.suffix == ".pyc":
+            if not path.is_file() or "__pycache__" in path.parts or path.suffix in _BUILT:
                 continue
             rel = path.relative_to(REPO).as_posix()
             package_dir = path.parent
