@@ -26,7 +26,7 @@ from router.errors import BadRequest, NoHealthyReplica, UnknownModel
 from router.fleet.registry import Fleet
 from router.fleet.replica import Replica
 from router.fleet.stats import ScrapedStats
-from router.metrics import RouterMetrics
+from router.metrics import LoopCounterChild, RouterMetrics
 from router.policies.base import Policy, RoutingRequest
 from router.policies.least_load import least_loaded
 from router.prefix.index import PrefixIndex
@@ -141,7 +141,7 @@ class RoutingCore:
         # Uncached prompt tokens sent to each replica whose prefill has not finished yet.
         self.pending_prefill_tokens: dict[str, int] = {}
         self._decision_seconds = metrics.decision_seconds.labels(policy.name)
-        self._decisions: dict[str, Any] = {}
+        self._decisions: dict[str, LoopCounterChild] = {}
         self._aux_turn = 0
 
     # --- 1. the request ------------------------------------------------------------------------

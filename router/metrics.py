@@ -114,17 +114,69 @@ class LoopHistogramChild:
         self.sum += value
 
 
+class LoopCounter(Collector):
+    """A labelled counter incremented from the event loop's thread only (the request path).
+
+    What `LoopHistogram` is to prometheus_client's `Histogram`: the same exposition (but no
+    `_created` series) without a lock taken on every increment.
+    """
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
+    ) -> None:
+        self._name = name.removesuffix("_total")
+        self._documentation = documentation
+        self._labelnames = list(labelnames)
+        self._children: dict[tuple[str, ...], LoopCounterChild] = {}
+        registry.register(self)
+
+    def labels(self, *values: str, **by_name: str) -> LoopCounterChild:
+        if by_name:
+            if values or set(by_name) != set(self._labelnames):
+                raise ValueError(f"{self._name}: expected labels {self._labelnames}")
+            values = tuple(by_name[name] for name in self._labelnames)
+        elif len(values) != len(self._labelnames):
+            raise ValueError(f"{self._name}: expected labels {self._labelnames}, got {values}")
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = LoopCounterChild()
+        return child
+
+    def describe(self) -> list[Metric]:
+        return [CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)]
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
+        for values, child in list(self._children.items()):
+            family.add_metric(list(values), child.value)
+        yield family
+
+
+class LoopCounterChild:
+    """One label set of a `LoopCounter`."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        if amount < 0:
+            raise ValueError("counters can only be incremented by non-negative amounts")
+        self.value += amount
+
+
 class RouterMetrics:
     """The router's metrics on `registry` (a fresh `CollectorRegistry` per gateway)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         # Labelled children looked up once: `labels()` costs microseconds on every request.
-        self._request_children: dict[tuple[str, str, int], Any] = {}
+        self._request_children: dict[tuple[str, str, int], LoopCounterChild] = {}
         self._duration_children: dict[str, Any] = {}
 
         # --- requests ----------------------------------------------------------------------
-        self.requests = Counter(
+        self.requests = LoopCounter(
             _P + "requests",
             "Requests answered by the router, by model, serving replica and HTTP status",
             ["model", "replica", "status"],
@@ -165,7 +217,7 @@ class RouterMetrics:
             buckets=DECISION_BUCKETS_S,
             registry=registry,
         )
-        self.decisions = Counter(
+        self.decisions = LoopCounter(
             _P + "decisions",
             "Routing decisions by policy and reason",
             ["policy", "reason"],

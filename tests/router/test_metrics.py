@@ -1,17 +1,17 @@
-"""router.metrics.LoopHistogram against prometheus_client's own Histogram."""
+"""router.metrics' lock-free LoopHistogram and LoopCounter against prometheus_client's own."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from router.metrics import LATENCY_BUCKETS_S, LoopHistogram
+from router.metrics import LATENCY_BUCKETS_S, LoopCounter, LoopHistogram
 
 
 def _exposition(registry: CollectorRegistry) -> list[str]:
-    # Sample lines only; prometheus_client's Histogram adds `_created`, ours does not.
+    # Sample lines only; prometheus_client's Histogram and Counter add `_created`, ours do not.
     return sorted(
         line
         for line in generate_latest(registry).decode().splitlines()
@@ -53,3 +53,39 @@ def test_labels_are_checked_and_names_stay_unique() -> None:
     # The registry knows its names: a second metric of the same name is refused.
     with pytest.raises(ValueError, match="Duplicated timeseries"):
         Histogram("x_seconds", "doc", registry=registry)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    increments=st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b"]),
+            st.sampled_from(["200", "404"]),
+            st.one_of(st.just(1.0), st.floats(min_value=0, max_value=1e6, allow_nan=False)),
+        ),
+        max_size=60,
+    )
+)
+def test_counter_same_exposition_as_prometheus_client(
+    increments: list[tuple[str, str, float]],
+) -> None:
+    theirs, ours = CollectorRegistry(), CollectorRegistry()
+    reference = Counter("c", "doc", ["model", "status"], registry=theirs)
+    fast = LoopCounter("c", "doc", ["model", "status"], registry=ours)
+    for i, (model, status, amount) in enumerate(increments):
+        reference.labels(model, status).inc(amount)
+        # Both ways of naming the labels reach the same child.
+        child = fast.labels(model, status) if i % 2 else fast.labels(status=status, model=model)
+        child.inc(amount)
+    assert _exposition(ours) == _exposition(theirs)
+
+
+def test_counter_labels_are_checked_and_it_only_goes_up() -> None:
+    counter = LoopCounter("requests_total", "doc", ["a", "b"], registry=CollectorRegistry())
+    with pytest.raises(ValueError, match="expected labels"):
+        counter.labels("only-one")
+    with pytest.raises(ValueError, match="expected labels"):
+        counter.labels(a="1", c="2")
+    assert counter.labels("1", "2") is counter.labels(a="1", b="2")
+    with pytest.raises(ValueError, match="non-negative"):
+        counter.labels("1", "2").inc(-1)
