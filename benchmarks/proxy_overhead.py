@@ -10,6 +10,10 @@ streaming) it measures:
 - CPU: a closed loop at `--concurrency`; the router process's CPU time (utime + stime from
   /proc/<pid>/stat) divided by the requests it proxied; median of `--rounds` alternating rounds.
 
+fleet-router is measured twice: as installed for development (interpreted) and as the image
+ships it, its request hot path compiled by mypyc ("fleet-router compiled": a scratch copy made by
+scripts/compiled_copy.py, about a minute to build; `--skip-compiled` leaves it out).
+
 "aiohttp floor" is the least an aiohttp proxy can do (no routing, validation, metrics, timeouts,
 retries, header filtering): what the aiohttp stack alone costs per request.  fleet-router
 itself no longer runs its data path on aiohttp (router.http.edge and router.proxy.upstream:
@@ -32,6 +36,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -101,11 +106,14 @@ class Target:
     pid: int | None  # the router process whose CPU we measure (None: direct)
 
 
-def start(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def start(
+    cmd: list[str], env: dict[str, str] | None = None, root: Path = ROOT
+) -> subprocess.Popen[bytes]:
+    """Run `cmd` on the code in `root` (this checkout, or a compiled copy of it)."""
     return subprocess.Popen(
         cmd,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root), **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -229,6 +237,7 @@ async def main() -> None:
     parser.add_argument("--policy", default="round_robin")
     parser.add_argument("--sglang-policy", default=None)
     parser.add_argument("--skip-sglang", action="store_true")
+    parser.add_argument("--skip-compiled", action="store_true", help="no compiled fleet-router")
     parser.add_argument("--rounds", type=int, default=5, help="CPU rounds per router")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
@@ -239,7 +248,7 @@ async def main() -> None:
     sg_policy = args.sglang_policy or (
         args.policy if args.policy in sglang_policies else "cache_aware"
     )
-    with processes() as procs:
+    with contextlib.ExitStack() as stack, processes() as procs:
         sim_port, fr_port = free_port(), free_port()
         sim = start([sys.executable, "-m", "replicas.sim", "--port", str(sim_port),
                      "--time-scale", "0", "--log-level", "warning"])  # fmt: skip
@@ -254,6 +263,20 @@ async def main() -> None:
         fr = Target("fleet-router", f"http://127.0.0.1:{fr_port}", router.pid)
         await wait_ready(fr.url, router)
         targets.append(fr)
+        if not args.skip_compiled:
+            sys.path.insert(0, str(ROOT / "scripts"))
+            from compiled_copy import compiled_copy
+
+            copy = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fr-compiled-")))
+            compiled_copy(copy)
+            frc_port = free_port()
+            compiled = start([sys.executable, "-m", "router", "serve", "--host", "127.0.0.1",
+                              "--port", str(frc_port), "--replica", sim_url, "--policy",
+                              args.policy, "--log-level", "warning"], root=copy)  # fmt: skip
+            procs.append(compiled)
+            frc = Target("fleet-router compiled", f"http://127.0.0.1:{frc_port}", compiled.pid)
+            await wait_ready(frc.url, compiled)
+            targets.append(frc)
         sglang_note = ""
         if not args.skip_sglang:
             try:
@@ -337,10 +360,13 @@ async def main() -> None:
                 print(f"| {t.name} | {statistics.median(cpu[t.name]):.0f} | {rounds} | "
                       f"{statistics.median(rate[t.name]):.0f} |")  # fmt: skip
             if "sglang-router" in cpu:
-                ratio = statistics.median(cpu["fleet-router"]) / statistics.median(
-                    cpu["sglang-router"]
-                )
-                print(f"\nfleet-router / sglang-router CPU per request: {ratio:.2f}")
+                print()
+                for name in ("fleet-router", "fleet-router compiled"):
+                    if name in cpu:
+                        ratio = statistics.median(cpu[name]) / statistics.median(
+                            cpu["sglang-router"]
+                        )
+                        print(f"{name} / sglang-router CPU per request: {ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ MODULES: Final = (
     "router.errors",
     "router.metrics",
     "router.fleet.circuit",
+    "router.fleet.registry",
     "router.fleet.replica",
     "router.fleet.stats",
     "router.http.dispatch",
