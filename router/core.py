@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -45,14 +44,18 @@ _ROUTED: frozenset[str] = frozenset({"completions", "chat"})
 _EMPTY: Mapping[str, int] = {}
 
 
-@dataclass(slots=True)
 class RouteContext:
     """Per-request routing state, computed once and reused by retries."""
 
-    endpoint: Endpoint
-    request: RoutingRequest
-    # Leading blocks of this prompt each replica is believed to hold (looked up once).
-    matches: Mapping[str, int] = field(default_factory=dict)
+    __slots__ = ("endpoint", "matches", "request")
+
+    def __init__(
+        self, endpoint: Endpoint, request: RoutingRequest, matches: Mapping[str, int]
+    ) -> None:
+        self.endpoint = endpoint
+        self.request = request
+        # Leading blocks of this prompt each replica is believed to hold (looked up once).
+        self.matches = matches
 
     @property
     def by_policy(self) -> bool:

@@ -79,15 +79,20 @@ def new_request_id() -> str:
     return _REQUEST_IDS.new()
 
 
-@dataclass(slots=True)
 class Outcome:
-    """What the edge records about one request (metric labels), filled in as it goes."""
+    """What the edge records about one request (metric labels), filled in as it goes.
 
-    started: float  # loop time the request arrived
-    request_id: str
-    model: str = "unknown"
-    replica: str = "none"
-    client_gone: bool = False
+    A plain class, not a dataclass, as are the other per-request types: a dataclass's generated
+    `__init__` stays interpreted even in the compiled build."""
+
+    __slots__ = ("client_gone", "model", "replica", "request_id", "started")
+
+    def __init__(self, started: float, request_id: str) -> None:
+        self.started = started  # loop time the request arrived
+        self.request_id = request_id
+        self.model = "unknown"
+        self.replica = "none"
+        self.client_gone = False
 
 
 @dataclass(frozen=True, slots=True)

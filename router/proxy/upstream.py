@@ -85,6 +85,11 @@ class Origin:
     host_header: bytes
     unix_path: str | None = None  # a Unix socket instead of host:port
 
+    def __hash__(self) -> int:
+        # The pool looks its origin up on every request; the dataclass's own __hash__ (all
+        # fields, interpreted even in the compiled build) cost more than the lookup itself.
+        return hash((self.host, self.port, self.unix_path))
+
     def request_head(
         self, method: bytes, target: bytes, header_lines: bytes = b"", content_length: int = 0
     ) -> bytes:
