@@ -9,7 +9,11 @@ from router.http.appstate import GatewayState
 from router.http.edge import EdgeRequest, EdgeResponse
 from router.http.errors import send_error
 from router.http.openai import OPENAI_ENDPOINTS, serve_openai
-from router.proxy.headers import relayed_request_headers, relayed_response_headers
+from router.proxy.headers import (
+    relayed_request_headers,
+    relayed_response_headers,
+    request_id_of,
+)
 from router.proxy.upstream import Origin, TransportError, UpstreamPool
 
 __all__ = ["Dispatch"]
@@ -31,23 +35,28 @@ class Dispatch:
             await serve_openai(self._state, endpoint, request, response)
         else:
             message = f"{request.method} is not allowed on {request.path}; use POST"
-            send_error(response, MethodNotAllowed(message, allow="POST"))
+            send_error(
+                response,
+                MethodNotAllowed(message, allow="POST"),
+                request_id_of(request.raw_headers),
+            )
 
     async def _relay(self, request: EdgeRequest, response: EdgeResponse) -> None:
         # A HEAD goes on as a GET (our client reads every answer's body); the edge then sends
         # only the head.
         method = b"GET" if request.method == "HEAD" else request.method.encode("ascii")
+        request_id = request_id_of(request.raw_headers)
         head = self._control.request_head(
             method,
             request.target.encode("utf-8", "surrogateescape"),
-            relayed_request_headers(request.raw_headers),
+            relayed_request_headers(request.raw_headers, request_id),
             len(request.body),
         )
         try:
             upstream = await self._pool.send(self._control, head, request.body)
         except TransportError as exc:  # only while the gateway shuts down
             message = f"the gateway's control application is unavailable: {exc}"
-            send_error(response, Unavailable(message))
+            send_error(response, Unavailable(message), request_id)
             return
         try:
             first = await upstream.read_chunk()

@@ -36,7 +36,7 @@ import httptools
 
 from router.errors import BadRequest, HeadTooLarge, PayloadTooLarge, RouterError
 from router.http.errors import send_error
-from router.proxy.headers import RawHeaders, header_lines
+from router.proxy.headers import RawHeaders, header_lines, new_request_id, request_id_of
 from router.tasks import stop_task
 
 __all__ = ["ClientGone", "EdgeRequest", "EdgeResponse", "EdgeServer", "Handler"]
@@ -408,7 +408,7 @@ class _EdgeConnection(asyncio.Protocol):
                     if self._transport is not None and not self._rejected:
                         self._transport.resume_reading()
                 if isinstance(item, RouterError):  # refused while parsing: answer, then close
-                    send_error(EdgeResponse(self, keep_alive=False), item)
+                    send_error(EdgeResponse(self, keep_alive=False), item, new_request_id())
                     break
                 keep_alive = item.keep_alive and not self.closing and not self._server.draining
                 response = EdgeResponse(
@@ -525,7 +525,9 @@ class EdgeServer:
         the connection (a half-sent answer must not look complete)."""
         log.exception("unhandled error on %s %s", request.method, request.path)
         if not response.started:
-            send_error(response, RouterError("internal router error"))
+            send_error(
+                response, RouterError("internal router error"), request_id_of(request.raw_headers)
+            )
         else:
             response.abort()
 

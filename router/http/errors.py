@@ -50,11 +50,20 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_f
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """OpenAI-style bodies for everything that escapes a handler (unknown routes, 405, bugs)."""
+    """OpenAI-style bodies for everything that escapes a handler (unknown routes, 405, bugs),
+    and on every answer the request id the edge relayed (the client's, or one it made)."""
+    response = await _answer(request, handler)
+    request_id = request.headers.get(REQUEST_ID_HEADER)
+    if request_id is not None and not response.prepared:
+        response.headers.setdefault(REQUEST_ID_HEADER, request_id)
+    return response
+
+
+async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except RouterError as exc:
-        return error_response(exc, request.headers.get(REQUEST_ID_HEADER))
+        return error_response(exc)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

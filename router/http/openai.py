@@ -17,8 +17,8 @@ from router.http.appstate import STATE, GatewayState
 from router.http.edge import EdgeRequest, EdgeResponse
 from router.http.errors import send_error
 from router.http.validation import parse_json_object, validate
-from router.proxy.forward import Outcome, new_request_id
-from router.proxy.headers import read_client_headers
+from router.proxy.forward import Outcome
+from router.proxy.headers import new_request_id, read_client_headers
 
 __all__ = ["OPENAI_ENDPOINTS", "add_openai_routes", "serve_openai"]
 

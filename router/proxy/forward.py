@@ -18,9 +18,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
-import os
-import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +40,7 @@ from router.proxy.upstream import (
     UpstreamResponse,
 )
 
-__all__ = ["Outcome", "Proxy", "new_request_id"]
+__all__ = ["Outcome", "Proxy"]
 
 _SSE = b"text/event-stream"
 _DONE = b"data: [DONE]\n\n"
@@ -52,31 +49,6 @@ _TIMEOUT_MESSAGES = {
     "timeout_idle": "no data within the idle timeout",
     "timeout_total": "request exceeded the total timeout",
 }
-
-
-class _RequestIds:
-    """Request ids: a random per-process prefix and a counter.  Unique (a forked worker draws a
-    new prefix), not secret, and far cheaper than 128 fresh random bits, whose formatting
-    alone cost more than routing a request."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self._prefix = f"{random.SystemRandom().getrandbits(64):016x}"
-        self._counter = itertools.count()
-
-    def new(self) -> str:
-        return f"{self._prefix}{next(self._counter):016x}"
-
-
-_REQUEST_IDS = _RequestIds()
-os.register_at_fork(after_in_child=_REQUEST_IDS.reset)
-
-
-def new_request_id() -> str:
-    """A fresh request id: 32 hex digits, unique across processes and restarts."""
-    return _REQUEST_IDS.new()
 
 
 class Outcome:

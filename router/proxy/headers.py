@@ -7,6 +7,9 @@ the way through, and a name is compared in lower case against the drop lists bel
 
 from __future__ import annotations
 
+import itertools
+import os
+import random
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
@@ -18,9 +21,11 @@ __all__ = [
     "RawHeaders",
     "downstream_headers",
     "header_lines",
+    "new_request_id",
     "read_client_headers",
     "relayed_request_headers",
     "relayed_response_headers",
+    "request_id_of",
     "upstream_headers",
 ]
 
@@ -49,8 +54,7 @@ _REQUEST_DROP = HOP_BY_HOP | {b"host", b"content-length", b"expect", b"x-request
 # Proxied requests: X-Forwarded-For is rebuilt with the peer appended.
 _REQUEST_DROP_WITH_PEER = _REQUEST_DROP | {b"x-forwarded-for"}
 _RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"date", b"server", b"x-request-id"}
-# The gateway's own control application: its request id is the client's, kept both ways.
-_RELAY_REQUEST_DROP = _REQUEST_DROP - {b"x-request-id"}
+# The gateway's own control application answers with the request id it was sent: kept.
 _RELAY_RESPONSE_DROP = _RESPONSE_DROP - {b"x-request-id"}
 
 
@@ -59,6 +63,39 @@ def header_lines(headers: Iterable[tuple[str, str]]) -> bytes:
     return b"".join(
         f"{name}: {value}\r\n".encode("utf-8", "surrogateescape") for name, value in headers
     )
+
+
+class _RequestIds:
+    """Request ids: a random per-process prefix and a counter.  Unique (a forked worker draws a
+    new prefix), not secret, and far cheaper than 128 fresh random bits, whose formatting
+    alone cost more than routing a request."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self._prefix = f"{random.SystemRandom().getrandbits(64):016x}"
+        self._counter = itertools.count()
+
+    def new(self) -> str:
+        return f"{self._prefix}{next(self._counter):016x}"
+
+
+_REQUEST_IDS = _RequestIds()
+os.register_at_fork(after_in_child=_REQUEST_IDS.reset)
+
+
+def new_request_id() -> str:
+    """A fresh request id: 32 hex digits, unique across processes and restarts."""
+    return _REQUEST_IDS.new()
+
+
+def request_id_of(incoming: RawHeaders) -> str:
+    """The client's X-Request-Id, or a fresh one: every answer of the router carries one."""
+    for key, value in incoming:
+        if key.lower() == b"x-request-id":
+            return value.decode("utf-8", "surrogateescape")
+    return new_request_id()
 
 
 class ClientHeaders(NamedTuple):
@@ -116,9 +153,12 @@ def downstream_headers(upstream: RawHeaders, replica_id: str, request_id: str) -
     return b"".join(lines)
 
 
-def relayed_request_headers(incoming: RawHeaders) -> bytes:
-    """A request's header lines as relayed to the gateway's own control application."""
-    return b"".join(_kept_lines(incoming, _RELAY_REQUEST_DROP))
+def relayed_request_headers(incoming: RawHeaders, request_id: str) -> bytes:
+    """A request's header lines as relayed to the gateway's own control application, with
+    `request_id` (`request_id_of` the request), which the control application echoes."""
+    lines = _kept_lines(incoming, _REQUEST_DROP)
+    lines.append(b"X-Request-Id: %s\r\n" % request_id.encode("utf-8", "surrogateescape"))
+    return b"".join(lines)
 
 
 def relayed_response_headers(upstream: RawHeaders) -> bytes:

@@ -687,6 +687,43 @@ async def test_request_id_is_echoed_or_generated_and_the_replica_is_named(
         assert resp.header("x-request-id") == "bad-one"
 
 
+async def test_every_answer_of_the_router_itself_carries_a_request_id(
+    start_sim: StartSim, start_gateway: StartGateway
+) -> None:
+    """Not only proxied answers: the control routes, 404, 405 and refusals while parsing carry
+    one too (the client's, echoed once; else a new one), so every line of a client's log can be
+    matched with the router's."""
+    sim = await start_sim()
+    gw = await start_gateway(fast_config([sim.url]))
+    own_answers = [
+        ("/health", 200),
+        ("/metrics", 200),
+        ("/v1/models", 200),
+        ("/v1/nothing-here", 404),
+        ("/v1/completions", 405),
+    ]
+    async with connect(gw.url) as conn:
+        for i, (path, status) in enumerate(own_answers):
+            conn.send(get(path, {"X-Request-Id": f"mine-{i}"}))
+            resp = await conn.response()
+            assert resp.status == status
+            assert resp.header_count("x-request-id") == 1, (path, resp.headers)
+            assert resp.header("x-request-id") == f"mine-{i}"
+        generated = set()
+        for path in ("/health", "/v1/nothing-here", "/v1/completions"):
+            conn.send(get(path))
+            resp = await conn.response()
+            assert resp.header_count("x-request-id") == 1, (path, resp.headers)
+            generated.add(resp.header("x-request-id"))
+        assert len(generated) == 3 and all(rid and len(rid) == 32 for rid in generated)
+    async with connect(gw.url) as conn:  # refused while parsing: no id to echo, a new one
+        conn.send(b"GARBAGE\r\n\r\n")
+        resp = await conn.response()
+        assert resp.status == 400
+        rid = resp.header("x-request-id")
+        assert rid and len(rid) == 32
+
+
 # --- 13. client disconnect, 14. slow reader, 15. many connections ------------------------------
 
 

@@ -9,8 +9,12 @@ import pytest
 from router.errors import BadRequest
 from router.fleet.stats import parse_vllm_metrics
 from router.http.validation import parse_json_object, validate
-from router.proxy.forward import new_request_id
-from router.proxy.headers import downstream_headers, read_client_headers, upstream_headers
+from router.proxy.headers import (
+    downstream_headers,
+    new_request_id,
+    read_client_headers,
+    upstream_headers,
+)
 
 VLLM_METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
