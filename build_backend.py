@@ -1,20 +1,28 @@
-"""The PEP 517 build backend: setuptools', asking for mypy too when the build compiles.
+"""The PEP 517 build backend: setuptools', asking for more when the build compiles.
 
 `FLEET_ROUTER_COMPILE=1 pip install .` compiles the request hot path with mypyc (setup.py says
-which modules and why); only such a build needs mypy, so a default build does not download it.
+which modules and why).  mypyc type-checks what it compiles, as strictly as our mypy run, so its
+build environment needs what that run sees: the project's dependencies (their types) and the
+`compile` extra (mypy, stubs).  A default build asks for none of it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import tomllib
 from collections.abc import Iterator
+from pathlib import Path
 
 from setuptools import build_meta as _setuptools
 from setuptools.build_meta import *  # noqa: F403 - every hook setuptools defines, unchanged
 
 _SWITCH = "FLEET_ROUTER_COMPILE"
-_COMPILE_REQUIRES = ["mypy>=1.8"]
+
+
+def _compile_requires() -> list[str]:
+    project = tomllib.loads(Path("pyproject.toml").read_text(encoding="utf-8"))["project"]
+    return [*project["dependencies"], *project["optional-dependencies"]["compile"]]
 
 
 @contextlib.contextmanager
@@ -30,7 +38,7 @@ def _interpreted() -> Iterator[None]:
 
 
 def _extra() -> list[str]:
-    return _COMPILE_REQUIRES if os.environ.get(_SWITCH, "0") == "1" else []
+    return _compile_requires() if os.environ.get(_SWITCH, "0") == "1" else []
 
 
 def get_requires_for_build_wheel(config_settings: dict[str, object] | None = None) -> list[str]:

@@ -1,22 +1,29 @@
-"""Make a copy of this checkout with the request hot path compiled by mypyc (setup.py's HOT_PATH),
-in place in the copy: its extension modules shadow the sources there, never here.
+"""Make a copy of this checkout with the request hot path compiled by mypyc (setup.py), its
+extension modules beside the sources in the copy (where they shadow them), never here.
 
     python scripts/compiled_copy.py DIR
 
-scripts/test runs the whole suite again in such a copy (so the compiled build is tested exactly as
-the interpreted one), and benchmarks/proxy_overhead.py measures one.  The copy holds every file
-git tracks or would track (uncommitted work included), without .git or ignored files.
+The extension modules come from a wheel built the way the image builds it: `pip` with build
+isolation and FLEET_ROUTER_COMPILE=1, so the build environment is the one the image's build sees
+(build_backend.py), not this one.  scripts/test runs the whole suite again in such a copy (the
+compiled build tested exactly as the interpreted one), and benchmarks/proxy_overhead.py
+measures one.  The copy holds every file git tracks or would track (uncommitted work included),
+without .git or ignored files.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+_EXTENSIONS = tuple(importlib.machinery.EXTENSION_SUFFIXES)
 
 
 def checkout_files(root: Path) -> list[str]:
@@ -39,16 +46,27 @@ def compiled_copy(dest: Path, root: Path = ROOT) -> Path:
         target = dest / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / name, target)
-    build = subprocess.run(
-        [sys.executable, "setup.py", "build_ext", "--inplace"],
-        cwd=dest,
-        env={**os.environ, "FLEET_ROUTER_COMPILE": "1"},
-        capture_output=True,
-        text=True,
-    )
-    if build.returncode != 0:
-        sys.stderr.write(build.stdout[-20_000:] + build.stderr[-20_000:])
-        raise SystemExit(f"compiling the hot path failed (exit {build.returncode})")
+    with tempfile.TemporaryDirectory(prefix="fr-wheel-") as wheel_dir:
+        build = subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", wheel_dir, "."],
+            cwd=dest,
+            env={**os.environ, "FLEET_ROUTER_COMPILE": "1"},
+            capture_output=True,
+            text=True,
+        )
+        if build.returncode != 0:
+            sys.stderr.write(build.stdout[-20_000:] + build.stderr[-20_000:])
+            raise SystemExit(f"compiling the hot path failed (exit {build.returncode})")
+        (wheel,) = Path(wheel_dir).glob("*.whl")
+        with zipfile.ZipFile(wheel) as zf:
+            extensions = [n for n in zf.namelist() if n.endswith(_EXTENSIONS)]
+            if not extensions:
+                raise SystemExit(f"{wheel.name} holds no extension module: nothing was compiled")
+            zf.extractall(dest, members=extensions)
+    # setuptools' by-products in the copy's tree: not part of a checkout.
+    shutil.rmtree(dest / "build", ignore_errors=True)
+    for egg_info in dest.glob("*.egg-info"):
+        shutil.rmtree(egg_info)
     return dest
 
 
