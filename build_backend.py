@@ -48,6 +48,23 @@ def get_requires_for_build_wheel(config_settings: dict[str, object] | None = Non
 
 
 def get_requires_for_build_editable(config_settings: dict[str, object] | None = None) -> list[str]:
-    extra = _extra()
-    with _interpreted():
-        return [*_setuptools.get_requires_for_build_editable(config_settings), *extra]
+    _refuse_compiled_editable()
+    return list(_setuptools.get_requires_for_build_editable(config_settings))
+
+
+def build_editable(
+    wheel_directory: str,
+    config_settings: dict[str, object] | None = None,
+    metadata_directory: str | None = None,
+) -> str:
+    _refuse_compiled_editable()
+    return str(_setuptools.build_editable(wheel_directory, config_settings, metadata_directory))
+
+
+def _refuse_compiled_editable() -> None:
+    if os.environ.get(_SWITCH, "0") == "1":
+        raise SystemExit(
+            f"{_SWITCH}=1 with an editable install: compiled modules beside the sources would "
+            "shadow every later edit. Install with `pip install .`, or make a compiled scratch "
+            "copy with scripts/compiled_copy.py."
+        )
