@@ -123,9 +123,17 @@ def exposed(stack: tuple[LiveStack, TrafficReport]) -> set[str]:
     return names
 
 
+def _log_tails(live: LiveStack) -> str:
+    """What the processes said last: the why of a missing series (e.g. a KV-event consumer that
+    stopped, or a replica that published nothing)."""
+    return "\n".join(f"--- {name} log (tail) ---\n{live.log(name)}" for name in live.procs)
+
+
 @pytest.mark.parametrize("metric", _used_metrics())
-def test_metric_used_by_dashboard_or_rules_is_exposed(metric: str, exposed: set[str]) -> None:
-    assert metric in exposed
+def test_metric_used_by_dashboard_or_rules_is_exposed(
+    metric: str, exposed: set[str], stack: tuple[LiveStack, TrafficReport]
+) -> None:
+    assert metric in exposed, f"{metric} not exposed\n{_log_tails(stack[0])}"
 
 
 def _query_cases() -> list[Any]:
@@ -142,7 +150,7 @@ def _query_cases() -> list[Any]:
 def test_dashboard_query_returns_data(promql: str, stack: tuple[LiveStack, TrafficReport]) -> None:
     live, _ = stack
     result = live.query(promql)
-    assert result, f"no series: {promql}"
+    assert result, f"no series: {promql}\n{_log_tails(live)}"
     assert finite_values(result), f"only NaN/Inf: {promql} -> {result}"
 
 
