@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -49,16 +49,54 @@ DECISION_BUCKETS_S = (
 _P = "fleet_router_"
 # A bucket bound as prometheus_client writes `le` (the library function is untyped).
 _le: Callable[[float], str] = floatToGoString
+_Child = TypeVar("_Child")
 
 
-class LoopHistogram(Collector):
-    """A labelled histogram observed from the event loop's thread only (the request path).
+class _LoopMetric(Collector, Generic[_Child]):
+    """What the lock-free metrics below share: one child per label set, made on first use and
+    looked up by label values (in order, or by name); the exposition is built at scrape time
+    through prometheus_client's custom-collector API, so updates take no lock.  They are
+    updated from the event loop's thread only (the request path)."""
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labelnames = list(labelnames)
+        self._children: dict[tuple[str, ...], _Child] = {}
+        registry.register(self)
+
+    def labels(self, *values: str, **by_name: str) -> _Child:
+        if by_name:
+            if values or set(by_name) != set(self._labelnames):
+                raise ValueError(f"{self._name}: expected labels {self._labelnames}")
+            values = tuple(by_name[name] for name in self._labelnames)
+        elif len(values) != len(self._labelnames):
+            raise ValueError(f"{self._name}: expected labels {self._labelnames}, got {values}")
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._new_child()
+        return child
+
+    def describe(self) -> list[Metric]:
+        return [self._family()]
+
+    def _new_child(self) -> _Child:
+        raise NotImplementedError
+
+    def _family(self) -> Metric:
+        raise NotImplementedError
+
+
+class LoopHistogram(_LoopMetric["LoopHistogramChild"]):
+    """A labelled histogram for the request path.
 
     prometheus_client's `Histogram` takes a lock and walks its bucket bounds in Python on every
     observation: in a single-threaded event loop the lock is pure cost, and three observations
     per request made the metrics a visible share of the router's CPU.  Here an observation is a
     bisect and two additions; the exposition (names, labels, `le` bounds, `_bucket`/`_count`/
-    `_sum`) is the same, built at scrape time through the library's custom-collector API.
+    `_sum`) is the same.
     """
 
     def __init__(
@@ -69,27 +107,18 @@ class LoopHistogram(Collector):
         buckets: Sequence[float],
         registry: CollectorRegistry,
     ) -> None:
-        self._name = name
-        self._documentation = documentation
-        self._labelnames = list(labelnames)
         self._bounds = tuple(sorted(buckets))
         self._les = [_le(b) for b in self._bounds] + ["+Inf"]
-        self._children: dict[tuple[str, ...], LoopHistogramChild] = {}
-        registry.register(self)
+        super().__init__(name, documentation, labelnames, registry)
 
-    def labels(self, *values: str) -> LoopHistogramChild:
-        if len(values) != len(self._labelnames):
-            raise ValueError(f"{self._name}: expected labels {self._labelnames}, got {values}")
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = LoopHistogramChild(self._bounds)
-        return child
+    def _new_child(self) -> LoopHistogramChild:
+        return LoopHistogramChild(self._bounds)
 
-    def describe(self) -> list[Metric]:
-        return [HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)]
+    def _family(self) -> HistogramMetricFamily:
+        return HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
 
     def collect(self) -> Iterator[Metric]:
-        family = HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
+        family = self._family()
         for values, child in list(self._children.items()):
             cumulative, running = [], 0
             for le, count in zip(self._les, child.counts, strict=True):
@@ -114,39 +143,23 @@ class LoopHistogramChild:
         self.sum += value
 
 
-class LoopCounter(Collector):
-    """A labelled counter incremented from the event loop's thread only (the request path).
-
-    What `LoopHistogram` is to prometheus_client's `Histogram`: the same exposition (but no
-    `_created` series) without a lock taken on every increment.
-    """
+class LoopCounter(_LoopMetric["LoopCounterChild"]):
+    """A labelled counter for the request path: prometheus_client's `Counter` exposition (but
+    no `_created` series) without a lock taken on every increment."""
 
     def __init__(
         self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
     ) -> None:
-        self._name = name.removesuffix("_total")
-        self._documentation = documentation
-        self._labelnames = list(labelnames)
-        self._children: dict[tuple[str, ...], LoopCounterChild] = {}
-        registry.register(self)
+        super().__init__(name.removesuffix("_total"), documentation, labelnames, registry)
 
-    def labels(self, *values: str, **by_name: str) -> LoopCounterChild:
-        if by_name:
-            if values or set(by_name) != set(self._labelnames):
-                raise ValueError(f"{self._name}: expected labels {self._labelnames}")
-            values = tuple(by_name[name] for name in self._labelnames)
-        elif len(values) != len(self._labelnames):
-            raise ValueError(f"{self._name}: expected labels {self._labelnames}, got {values}")
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = LoopCounterChild()
-        return child
+    def _new_child(self) -> LoopCounterChild:
+        return LoopCounterChild()
 
-    def describe(self) -> list[Metric]:
-        return [CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)]
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
+        family = self._family()
         for values, child in list(self._children.items()):
             family.add_metric(list(values), child.value)
         yield family
@@ -173,7 +186,7 @@ class RouterMetrics:
         self.registry = registry
         # Labelled children looked up once: `labels()` costs microseconds on every request.
         self._request_children: dict[tuple[str, str, int], LoopCounterChild] = {}
-        self._duration_children: dict[str, Any] = {}
+        self._duration_children: dict[str, LoopHistogramChild] = {}
 
         # --- requests ----------------------------------------------------------------------
         self.requests = LoopCounter(
