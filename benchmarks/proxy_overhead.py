@@ -268,7 +268,7 @@ async def main() -> None:
             from compiled_copy import compiled_copy
 
             copy = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fr-compiled-")))
-            compiled_copy(copy)
+            await asyncio.to_thread(compiled_copy, copy)  # a minute of pip and gcc: off the loop
             frc_port = free_port()
             compiled = start([sys.executable, "-m", "router", "serve", "--host", "127.0.0.1",
                               "--port", str(frc_port), "--replica", sim_url, "--policy",
