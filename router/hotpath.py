@@ -43,6 +43,7 @@ MODULES: Final = (
     "router.proxy.retry",
     "router.proxy.sse",
     "router.proxy.upstream",
+    "router.proxy.wakeup",
     "router.state.pending",
     "router.state.sync",
 )

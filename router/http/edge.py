@@ -37,6 +37,7 @@ import httptools
 from router.errors import BadRequest, HeadTooLarge, PayloadTooLarge, RouterError
 from router.http.errors import send_error
 from router.proxy.headers import RawHeaders, header_lines, new_request_id, request_id_of
+from router.proxy.wakeup import Wakeup
 from router.tasks import stop_task
 
 __all__ = ["ClientGone", "EdgeRequest", "EdgeResponse", "EdgeServer", "Handler"]
@@ -241,11 +242,11 @@ class _EdgeConnection(asyncio.Protocol):
         self._remote: str | None = None
         self._queue: deque[EdgeRequest | RouterError] = deque()
         self._task: asyncio.Task[None] | None = None
-        self._wakeup: asyncio.Future[None] | None = None  # the task waits here for a request
+        self._next_request = Wakeup(self._loop)  # the task waits here for a request
         self.busy = False  # answering a request
         self._paused_reading = False
         self._write_paused = False
-        self._drain_waiter: asyncio.Future[None] | None = None
+        self._drained = Wakeup(self._loop)  # ... and here for the client to read
         self.closing = False  # answer what is in flight, then close (shutdown)
         self.closed = False
         self.idle_since = self._loop.time()
@@ -304,18 +305,14 @@ class _EdgeConnection(asyncio.Protocol):
         self._queue.clear()
         if self._task is not None:
             self._task.cancel()  # the client is gone: stop its request (and the upstream one)
-        waiter = self._drain_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(ClientGone("the client closed the connection"))
+        self._drained.fail(ClientGone("the client closed the connection"))
 
     def pause_writing(self) -> None:
         self._write_paused = True
 
     def resume_writing(self) -> None:
         self._write_paused = False
-        waiter = self._drain_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._drained.set()
 
     # --- httptools callbacks ---------------------------------------------------------------
 
@@ -382,9 +379,7 @@ class _EdgeConnection(asyncio.Protocol):
 
     def _enqueue(self, item: EdgeRequest | RouterError) -> None:
         self._queue.append(item)
-        wakeup = self._wakeup
-        if wakeup is not None and not wakeup.done():
-            wakeup.set_result(None)
+        self._next_request.set()
         if len(self._queue) >= _MAX_QUEUED and not self._paused_reading:
             assert self._transport is not None
             self._paused_reading = True
@@ -398,9 +393,7 @@ class _EdgeConnection(asyncio.Protocol):
                 if not self._queue:
                     if self.closing:
                         break
-                    self._wakeup = self._loop.create_future()
-                    await self._wakeup
-                    self._wakeup = None
+                    await self._next_request.arm()
                     continue
                 item = self._queue.popleft()
                 if self._paused_reading and len(self._queue) < _MAX_QUEUED // 2:
@@ -445,11 +438,7 @@ class _EdgeConnection(asyncio.Protocol):
             raise ClientGone("the client closed the connection")
         if not self._write_paused:
             return
-        waiter = self._drain_waiter = self._loop.create_future()
-        try:
-            await waiter
-        finally:
-            self._drain_waiter = None
+        await self._drained.arm()
 
     def close(self) -> None:
         if self._transport is not None and not self._transport.is_closing():

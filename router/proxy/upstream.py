@@ -35,6 +35,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from router.proxy.wakeup import Wakeup
+
 __all__ = [
     "ConnectFailed",
     "ConnectTimedOut",
@@ -150,7 +152,7 @@ class UpstreamResponse:
         "_head_done",
         "_loop",
         "_paused",
-        "_waiter",
+        "_wakeup",
         "headers",
         "keep_alive",
         "reason",
@@ -161,7 +163,7 @@ class UpstreamResponse:
     def __init__(self, conn: _Connection, loop: asyncio.AbstractEventLoop) -> None:
         self._conn: _Connection | None = conn
         self._loop = loop
-        self._waiter: asyncio.Future[None] | None = None
+        self._wakeup = Wakeup(loop)  # the reader waits here for bytes, the end or an error
         self._buffer: list[bytes] = []
         self._buffered = 0
         self._paused = False
@@ -183,7 +185,7 @@ class UpstreamResponse:
                 return b""
             if self._error is not None:
                 raise self._error
-            await self._wait()
+            await self._wakeup.arm()
         chunk = self._buffer[0] if len(self._buffer) == 1 else b"".join(self._buffer)
         self._buffer.clear()
         self._buffered = 0
@@ -225,19 +227,7 @@ class UpstreamResponse:
         while not self._head_done:
             if self._error is not None:
                 raise self._error
-            await self._wait()
-
-    async def _wait(self) -> None:
-        waiter = self._waiter = self._loop.create_future()
-        try:
-            await waiter
-        finally:
-            self._waiter = None
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+            await self._wakeup.arm()
 
     # --- feeding (the connection's side) -------------------------------------------------
 
@@ -282,11 +272,11 @@ class UpstreamResponse:
         if self._buffered > _HIGH_WATER and not self._paused and self._conn is not None:
             self._paused = True
             self._conn.pause_reading()
-        self._wake()
+        self._wakeup.set()
 
     def on_complete(self) -> None:
         self._done = True
-        self._wake()
+        self._wakeup.set()
 
     def on_lost(self, exc: Exception | None) -> None:
         if self._done or self._error is not None:
@@ -296,12 +286,12 @@ class UpstreamResponse:
         else:
             reason = f": {exc}" if exc else ""
             self._error = Disconnected(f"the replica closed the connection{reason}")
-        self._wake()
+        self._wakeup.set()
 
     def on_bad_response(self, message: str) -> None:
         if not self._done:
             self._error = Disconnected(f"malformed response from the replica: {message}")
-            self._wake()
+            self._wakeup.set()
 
 
 class _Connection(asyncio.Protocol):
